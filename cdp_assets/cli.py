@@ -1,0 +1,215 @@
+"""`cdp`: run the demo, open the Dagster UI, manage tenants, run the VTEX sandbox."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import date
+from pathlib import Path
+
+import click
+import psycopg
+
+from cdp_assets.lib.warehouse import migrated_url
+from cdp_assets.tenants.registry import Tenant, TenantError, add_tenant, list_tenants, set_active
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def main() -> None:
+    """Customer data platform for VTEX stores on Dagster, dbt and Postgres.
+
+    The database is DATABASE_URL, or an embedded PostgreSQL under CDP_HOME (default ~/.cdp).
+    """
+
+
+@main.command()
+def demo() -> None:
+    """End-to-end demo: embedded Postgres, the VTEX sandbox, three tenants, all VTEX assets."""
+    from cdp_assets.demo import run_demo
+
+    run_demo(echo=click.echo)
+
+
+@main.command()
+def migrate() -> None:
+    """Apply pending database migrations."""
+    url = migrated_url()
+    click.echo(f"database schema is up to date ({url.split('@')[-1]})")
+
+
+@main.command()
+@click.option("--port", default=3000, show_default=True, help="Dagster webserver port.")
+@click.option(
+    "--sandbox/--no-sandbox",
+    default=True,
+    show_default=True,
+    help="Also serve the demo stores on a loopback VTEX sandbox and point the demo tenants at it.",
+)
+def dev(port: int, sandbox: bool) -> None:
+    """Open the Dagster UI (webserver + daemon) on the platform's Postgres."""
+    from cdp_assets.lib.dagster_home import prepare_dagster_home
+
+    url = migrated_url()
+    home = prepare_dagster_home(url)
+    click.echo(f"DAGSTER_HOME={home}")
+    stack = []
+    try:
+        if sandbox:
+            from cdp_assets.demo import DEMO_TENANTS, register_demo_tenants
+            from cdp_assets.sandbox import SandboxProcess
+
+            server = SandboxProcess([d.store for d in DEMO_TENANTS]).__enter__()
+            stack.append(server)
+            with psycopg.connect(url) as conn:
+                register_demo_tenants(conn, server)
+            click.echo(f"VTEX sandbox on {server.base_url}")
+        workspace = str(PROJECT_ROOT / "workspace.yaml")
+        bin_dir = Path(sys.executable).parent
+        processes = [
+            subprocess.Popen(
+                [
+                    str(bin_dir / "dagster-webserver"),
+                    "-w",
+                    workspace,
+                    "-h",
+                    "127.0.0.1",
+                    "-p",
+                    str(port),
+                ],
+                cwd=PROJECT_ROOT,
+            ),
+            subprocess.Popen(
+                [str(bin_dir / "dagster-daemon"), "run", "-w", workspace], cwd=PROJECT_ROOT
+            ),
+        ]
+        click.echo(f"Dagster UI on http://127.0.0.1:{port} (Ctrl-C stops everything)")
+        while all(p.poll() is None for p in processes):
+            time.sleep(1)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        for process in locals().get("processes", []):
+            if process.poll() is None:
+                process.send_signal(signal.SIGINT)
+        for process in locals().get("processes", []):
+            process.wait(timeout=30)
+        for server in stack:
+            server.__exit__(None, None, None)
+
+
+@main.group()
+def tenants() -> None:
+    """List, add, activate and deactivate tenants (rows of cdp.tenants)."""
+
+
+def _connect() -> psycopg.Connection:
+    return psycopg.connect(migrated_url())
+
+
+@tenants.command("list")
+def tenants_list() -> None:
+    """Show every tenant."""
+    with _connect() as conn:
+        rows = list_tenants(conn)
+    click.echo(f"{'tenant':<20}{'account':<24}{'active':<8}{'priority':>8}  history start")
+    for t in rows:
+        click.echo(
+            f"{t.tenant_id:<20}{t.account_name:<24}{'yes' if t.active else 'no':<8}"
+            f"{t.priority:>8}  {t.history_start}"
+        )
+
+
+@tenants.command("add")
+@click.argument("tenant_id")
+@click.option(
+    "--account", required=True, help="VTEX account name ({account}.vtexcommercestable.com.br)."
+)
+@click.option("--app-key-ref", required=True, help="Name of the env var holding the app key.")
+@click.option("--app-token-ref", required=True, help="Name of the env var holding the app token.")
+@click.option("--environment", default="vtexcommercestable", show_default=True)
+@click.option("--priority", default=100, show_default=True, help="Lower syncs first.")
+@click.option(
+    "--history-start",
+    default="2020-01-01",
+    show_default=True,
+    help="First day of order history to sync (YYYY-MM-DD).",
+)
+@click.option("--country", default="BR", show_default=True, help="Default ISO-3166 country.")
+@click.option("--inactive", is_flag=True, help="Register without syncing yet.")
+def tenants_add(
+    tenant_id: str,
+    account: str,
+    app_key_ref: str,
+    app_token_ref: str,
+    environment: str,
+    priority: int,
+    history_start: str,
+    country: str,
+    inactive: bool,
+) -> None:
+    """Add (or update) a tenant. Credentials are given as env var names, never values."""
+    try:
+        start = date.fromisoformat(history_start)
+    except ValueError:
+        raise click.BadParameter(
+            f"{history_start!r} is not YYYY-MM-DD", param_hint="--history-start"
+        ) from None
+    tenant = Tenant(
+        tenant_id,
+        account,
+        app_key_ref,
+        app_token_ref,
+        environment=environment,
+        active=not inactive,
+        priority=priority,
+        history_start=start,
+        default_country=country,
+    )
+    try:
+        tenant.validate()
+        with _connect() as conn:
+            add_tenant(conn, tenant)
+    except TenantError as error:
+        raise click.ClickException(str(error)) from None
+    missing = [ref for ref in (app_key_ref, app_token_ref) if not os.environ.get(ref)]
+    click.echo(f"tenant {tenant_id!r} saved; its partition appears within one sensor tick")
+    if missing:
+        click.echo(f"note: {', '.join(missing)} not set here; runs need them in their environment")
+
+
+@tenants.command("deactivate")
+@click.argument("tenant_id")
+def tenants_deactivate(tenant_id: str) -> None:
+    """Stop syncing a tenant (its partition is removed on the next sensor tick; data stays)."""
+    _set_active(tenant_id, False)
+
+
+@tenants.command("activate")
+@click.argument("tenant_id")
+def tenants_activate(tenant_id: str) -> None:
+    """Resume syncing a deactivated tenant."""
+    _set_active(tenant_id, True)
+
+
+def _set_active(tenant_id: str, active: bool) -> None:
+    try:
+        with _connect() as conn:
+            set_active(conn, tenant_id, active)
+    except TenantError as error:
+        raise click.ClickException(str(error)) from None
+    click.echo(f"tenant {tenant_id!r} {'activated' if active else 'deactivated'}")
+
+
+@main.command(context_settings={"ignore_unknown_options": True})
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def sandbox(args: tuple[str, ...]) -> None:
+    """Serve the loopback VTEX sandbox in the foreground (see `cdp sandbox --help-sandbox`)."""
+    from cdp_assets.demo import demo_store_args
+
+    args = args or ("--port", "8765", *demo_store_args())
+    os.execv(sys.executable, [sys.executable, "-m", "cdp_assets.sandbox", *args])

@@ -1,0 +1,18 @@
+"""The platform's one code location: every domain's definitions plus shared resources."""
+
+import dagster as dg
+
+from cdp_assets.lib.warehouse import WarehouseResource
+from cdp_assets.tenants.definitions import defs as tenants_defs
+from cdp_assets.vtex.definitions import defs as vtex_defs
+
+
+def build_definitions() -> dg.Definitions:
+    return dg.Definitions.merge(
+        tenants_defs(),
+        vtex_defs(),
+        dg.Definitions(resources={"warehouse": WarehouseResource()}),
+    )
+
+
+defs = build_definitions()

@@ -1,0 +1,180 @@
+"""The end-to-end demo: embedded Postgres, the VTEX sandbox, three tenants, every VTEX asset."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, date, datetime
+
+import dagster as dg
+import psycopg
+
+from cdp_assets.definitions import defs
+from cdp_assets.lib.dagster_home import prepare_dagster_home
+from cdp_assets.lib.warehouse import migrated_url
+from cdp_assets.partitions import tenant_months, tenants
+from cdp_assets.sandbox import SandboxProcess, StoreSpec, credentials_for
+from cdp_assets.tenants.registry import Tenant, add_tenant
+from cdp_assets.tenants.sensors import plan_tenant_partitions
+from cdp_assets.vtex.definitions import ORDERS_SYNC_JOB, TENANT_SYNC_JOB
+
+HISTORY_START = date(2023, 1, 1)
+
+
+@dataclass(frozen=True)
+class DemoTenant:
+    tenant_id: str
+    store: StoreSpec
+    priority: int
+
+
+DEMO_TENANTS = (
+    DemoTenant(
+        "acme",
+        StoreSpec(account="acme", seed=11, customers=600, orders=2_000, products=120),
+        priority=10,
+    ),
+    DemoTenant(
+        "globex",
+        StoreSpec(account="globex", seed=22, customers=2_500, orders=8_000, products=400),
+        priority=20,
+    ),
+    # The largest one has a day with more orders than one VTEX list query can return.
+    DemoTenant(
+        "initech",
+        StoreSpec(
+            account="initech",
+            seed=33,
+            customers=5_000,
+            orders=16_000,
+            products=800,
+            busy_day=date(2025, 11, 28),
+            busy_day_orders=3_400,
+        ),
+        priority=30,
+    ),
+)
+
+
+def demo_store_args() -> list[str]:
+    """The demo stores as `--store` arguments of the sandbox command."""
+    args = []
+    for demo in DEMO_TENANTS:
+        spec = demo.store
+        fields = {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)}
+        defaults = {f.name: f.default for f in dataclasses.fields(spec)}
+        options = ",".join(
+            f"{name}={value}"
+            for name, value in fields.items()
+            if name != "account" and value != defaults[name]
+        )
+        args += ["--store", f"{spec.account}:{options}"]
+    return args
+
+
+def credential_refs(tenant_id: str) -> tuple[str, str]:
+    prefix = f"VTEX_{tenant_id.upper()}"
+    return f"{prefix}_APP_KEY", f"{prefix}_APP_TOKEN"
+
+
+def register_demo_tenants(conn, sandbox: SandboxProcess) -> list[Tenant]:
+    """Register the demo tenants against the sandbox; their secrets go to this process's env."""
+    os.environ["VTEX_BASE_URL_TEMPLATE"] = sandbox.base_url + "/{account}"
+    registered = []
+    for demo in DEMO_TENANTS:
+        key_ref, token_ref = credential_refs(demo.tenant_id)
+        os.environ[key_ref], os.environ[token_ref] = credentials_for(demo.store.account)
+        tenant = Tenant(
+            demo.tenant_id,
+            demo.store.account,
+            key_ref,
+            token_ref,
+            priority=demo.priority,
+            history_start=HISTORY_START,
+        )
+        add_tenant(conn, tenant)
+        registered.append(tenant)
+    conn.commit()
+    return registered
+
+
+def sync_tenant_partitions(instance: dg.DagsterInstance, conn) -> list[str]:
+    """What the tenant sensor does on a tick, applied at once."""
+    existing = set(instance.get_dynamic_partitions(tenants.name))
+    added, removed, _ = plan_tenant_partitions(conn, existing)
+    if added:
+        instance.add_dynamic_partitions(tenants.name, added)
+    for key in removed:
+        instance.delete_dynamic_partition(tenants.name, key)
+    return sorted((existing | set(added)) - set(removed))
+
+
+def order_range_tags(tenant: Tenant) -> dict[str, str]:
+    """One run over every month of a tenant's history, as a backfill from the UI would do."""
+    months = tenant_months.partitions_defs[0].partitions_def  # the "month" dimension
+    first = months.get_partition_key_for_timestamp(
+        datetime.combine(tenant.history_start, datetime.min.time(), UTC).timestamp()
+    )
+    last = months.get_last_partition_key()
+    return {
+        dg.ASSET_PARTITION_RANGE_START_TAG: f"{first}|{tenant.tenant_id}",
+        dg.ASSET_PARTITION_RANGE_END_TAG: f"{last}|{tenant.tenant_id}",
+    }
+
+
+def materialize_tenant(instance: dg.DagsterInstance, tenant: Tenant) -> float:
+    """Materialize every VTEX asset for one tenant, as two runs; returns the seconds taken."""
+    started = time.monotonic()
+    for job_name, run in (
+        (TENANT_SYNC_JOB, {"partition_key": tenant.tenant_id}),
+        (ORDERS_SYNC_JOB, {"tags": order_range_tags(tenant)}),
+    ):
+        result = defs.resolve_job_def(job_name).execute_in_process(instance=instance, **run)
+        if not result.success:
+            raise RuntimeError(f"{job_name} failed for tenant {tenant.tenant_id}")
+    return time.monotonic() - started
+
+
+SUMMARY_SQL = """
+SELECT t.tenant_id,
+       (SELECT count(*) FROM raw_vtex.orders o WHERE o.tenant_id = t.tenant_id),
+       (SELECT count(*) FROM raw_vtex.products p WHERE p.tenant_id = t.tenant_id),
+       (SELECT count(*) FROM raw_vtex.skus s WHERE s.tenant_id = t.tenant_id),
+       (SELECT count(*) FROM raw_vtex.customers c WHERE c.tenant_id = t.tenant_id),
+       (SELECT count(*) FROM raw_vtex.rejects r WHERE r.tenant_id = t.tenant_id)
+  FROM cdp.tenants t WHERE t.tenant_id = ANY(%s) ORDER BY t.priority
+"""
+
+
+def run_demo(echo: Callable[[str], None] = print) -> list[tuple]:
+    started = time.monotonic()
+    url = migrated_url()
+    prepare_dagster_home(url)
+    echo(f"warehouse: {url.split('@')[-1]}")
+    with SandboxProcess([d.store for d in DEMO_TENANTS]) as sandbox:
+        echo(f"VTEX sandbox on {sandbox.base_url}")
+        with psycopg.connect(url) as conn:
+            registered = register_demo_tenants(conn, sandbox)
+            instance = dg.DagsterInstance.get()
+            partitions = sync_tenant_partitions(instance, conn)
+            echo(f"tenant partitions: {', '.join(partitions)}")
+            seconds: dict[str, float] = {}
+            for tenant in registered:
+                echo(f"syncing {tenant.tenant_id} ...")
+                seconds[tenant.tenant_id] = materialize_tenant(instance, tenant)
+            rows = conn.execute(SUMMARY_SQL, ([t.tenant_id for t in registered],)).fetchall()
+    echo("")
+    echo(
+        f"{'tenant':<10}{'orders':>9}{'products':>10}{'skus':>8}{'customers':>11}{'rejects':>9}"
+        f"{'seconds':>9}"
+    )
+    for tenant_id, *counts in rows:
+        echo(
+            f"{tenant_id:<10}{counts[0]:>9}{counts[1]:>10}{counts[2]:>8}{counts[3]:>11}"
+            f"{counts[4]:>9}{seconds[tenant_id]:>9.1f}"
+        )
+    echo(f"done in {time.monotonic() - started:.1f} s")
+    return rows

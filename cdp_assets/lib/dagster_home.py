@@ -1,0 +1,25 @@
+"""The Dagster instance folder, with its storage in the same Postgres as the warehouse."""
+
+import os
+import shutil
+from importlib.resources import files
+from pathlib import Path
+
+from cdp_assets.lib.database import cdp_home, sqlalchemy_url
+
+
+def prepare_dagster_home(warehouse_url: str) -> Path:
+    """Point this process (and its children) at the instance folder, creating it if needed.
+
+    A `DAGSTER_HOME` set by the user keeps its own `dagster.yaml` when it has one.
+    """
+    home = Path(os.environ.get("DAGSTER_HOME") or cdp_home() / "dagster")
+    home.mkdir(parents=True, exist_ok=True)
+    config = home / "dagster.yaml"
+    if "DAGSTER_HOME" not in os.environ or not config.exists():
+        template = files("cdp_assets.lib") / "dagster.yaml"
+        with template.open("rb") as source, open(config, "wb") as target:
+            shutil.copyfileobj(source, target)
+    os.environ["DAGSTER_HOME"] = str(home)
+    os.environ["CDP_DAGSTER_PG_URL"] = sqlalchemy_url(warehouse_url)
+    return home

@@ -1,0 +1,100 @@
+"""Set-based landing of raw documents: COPY into a temporary table, then one upsert.
+
+A row replaces the stored one only when its change stamp is not older and its payload
+differs, so re-runs, duplicated pages and out-of-order deliveries converge to one state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+import psycopg
+from psycopg import sql
+
+
+@dataclass(frozen=True)
+class RawTable:
+    schema: str
+    name: str
+    key_column: str
+    extra_columns: tuple[str, ...] = ()  # typed columns besides the key, stamp and payload
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        return ("tenant_id", self.key_column, "change_stamp", *self.extra_columns, "payload")
+
+    @property
+    def qualified(self) -> sql.Composed:
+        return sql.Identifier(self.schema, self.name)
+
+
+@dataclass
+class UpsertCounts:
+    inserted: int = 0
+    updated: int = 0
+    unchanged: int = 0
+
+    def add(self, other: UpsertCounts) -> None:
+        self.inserted += other.inserted
+        self.updated += other.updated
+        self.unchanged += other.unchanged
+
+
+# (key, change_stamp, *extra column values, payload as JSON text)
+Row = tuple[str, datetime, ...]
+
+
+def upsert_documents(
+    conn: psycopg.Connection, table: RawTable, tenant_id: str, rows: Sequence[Row]
+) -> UpsertCounts:
+    """Land `rows` for one tenant in the caller's transaction; returns what changed."""
+    if not rows:
+        return UpsertCounts()
+    cols = table.columns
+    col_list = sql.SQL(", ").join(map(sql.Identifier, cols))
+    key = sql.Identifier(table.key_column)
+    updatable = [c for c in cols if c not in ("tenant_id", table.key_column)]
+    conn.execute(
+        sql.SQL(
+            "CREATE TEMP TABLE IF NOT EXISTS {incoming} (LIKE {target} INCLUDING DEFAULTS)"
+        ).format(incoming=sql.Identifier(f"incoming_{table.name}"), target=table.qualified)
+    )
+    incoming = sql.Identifier(f"incoming_{table.name}")
+    with conn.cursor().copy(sql.SQL("COPY {} ({}) FROM STDIN").format(incoming, col_list)) as copy:
+        for row in rows:
+            copy.write_row((tenant_id, *row))
+    # DISTINCT ON: one incoming row per key (the newest), since a batch may repeat a key.
+    query = sql.SQL(
+        """
+        WITH incoming AS (
+            SELECT DISTINCT ON ({key}) {cols} FROM {incoming}
+            ORDER BY {key}, change_stamp DESC
+        ), upserted AS (
+            INSERT INTO {target} AS t ({cols}, synced_at)
+            SELECT {cols}, now() FROM incoming
+            ON CONFLICT (tenant_id, {key}) DO UPDATE
+               SET {assignments}, synced_at = now()
+             WHERE excluded.change_stamp >= t.change_stamp
+               AND excluded.payload IS DISTINCT FROM t.payload
+            RETURNING (xmax = 0) AS inserted
+        )
+        SELECT count(*) FILTER (WHERE inserted), count(*) FILTER (WHERE NOT inserted)
+          FROM upserted
+        """
+    ).format(
+        key=key,
+        cols=col_list,
+        incoming=incoming,
+        target=table.qualified,
+        assignments=sql.SQL(", ").join(
+            sql.SQL("{c} = excluded.{c}").format(c=sql.Identifier(c)) for c in updatable
+        ),
+    )
+    inserted, updated = conn.execute(query).fetchone()
+    conn.execute(sql.SQL("TRUNCATE {}").format(incoming))
+    # A key repeated within the batch counts as unchanged: it was received, nothing moved.
+    return UpsertCounts(
+        inserted=inserted, updated=updated, unchanged=len(rows) - inserted - updated
+    )

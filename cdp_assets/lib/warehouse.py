@@ -1,0 +1,31 @@
+"""The warehouse as a Dagster resource: a Postgres connection with the schema migrated."""
+
+import threading
+
+import dagster as dg
+import psycopg
+
+from cdp_assets.lib.database import database_url
+from cdp_assets.lib.migrations import migrate
+
+_migrated: set[str] = set()
+_migrate_lock = threading.Lock()
+
+
+def migrated_url(url: str | None = None) -> str:
+    """The warehouse URL, with the migrations applied once per process."""
+    url = url or database_url()
+    with _migrate_lock:
+        if url not in _migrated:
+            migrate(url)
+            _migrated.add(url)
+    return url
+
+
+class WarehouseResource(dg.ConfigurableResource):
+    """Postgres holding `cdp.*` and `raw_vtex.*`; `url` defaults to the platform's database."""
+
+    url: str | None = None
+
+    def connect(self) -> psycopg.Connection:
+        return psycopg.connect(migrated_url(self.url))
