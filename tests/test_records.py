@@ -1,0 +1,72 @@
+from datetime import UTC, datetime
+
+import orjson
+import pytest
+
+from cdp_assets.vtex.records import InvalidRecord, customer_row, order_row, parse_timestamp
+
+
+def test_vtex_timestamps_with_seven_fractional_digits_and_offsets():
+    assert parse_timestamp("2024-02-06T20:46:11.7010747+00:00", "x") == datetime(
+        2024, 2, 6, 20, 46, 11, 701074, tzinfo=UTC
+    )
+    assert parse_timestamp("2019-08-12T20:54:23.7153839Z", "x") == datetime(
+        2019, 8, 12, 20, 54, 23, 715383, tzinfo=UTC
+    )
+    assert parse_timestamp("2024-02-06T17:46:11-03:00", "x") == datetime(
+        2024, 2, 6, 20, 46, 11, tzinfo=UTC
+    )
+    # VTEX instants are UTC: a value without an offset is read as UTC.
+    assert parse_timestamp("2024-02-06T20:46:11", "x").tzinfo == UTC
+
+
+@pytest.mark.parametrize("value", [None, "", "yesterday", 1707252371, "2024-13-01T00:00:00Z"])
+def test_bad_timestamps_are_refused_with_the_field_name(value):
+    with pytest.raises(InvalidRecord, match="lastChange"):
+        parse_timestamp(value, "lastChange")
+
+
+GOOD = {
+    "orderId": "1-01",
+    "lastChange": "2024-02-06T20:46:11.7010747+00:00",
+    "creationDate": "2024-02-06T20:00:00.0000000+00:00",
+    "value": 1990,
+    "items": [],
+}
+
+
+def test_a_good_order_becomes_a_row():
+    raw = orjson.dumps(GOOD)
+    key, stamp, created, payload = order_row(GOOD, raw)
+    assert key == "1-01" and stamp.microsecond == 701074 and created.hour == 20
+    assert orjson.loads(payload) == GOOD
+
+
+@pytest.mark.parametrize(
+    ("change", "reason", "key"),
+    [
+        ({"orderId": None}, "orderId", None),
+        ({"lastChange": None}, "lastChange", "1-01"),
+        ({"value": "19.90"}, "value", "1-01"),
+        ({"value": True}, "value", "1-01"),
+        ({"items": None}, "items", "1-01"),
+    ],
+)
+def test_malformed_orders_are_refused_with_reason_and_key(change, reason, key):
+    doc = {**GOOD, **change}
+    with pytest.raises(InvalidRecord, match=reason) as caught:
+        order_row(doc, orjson.dumps(doc))
+    assert caught.value.key == key
+
+
+def test_a_nul_character_is_refused_before_it_reaches_jsonb():
+    doc = {**GOOD, "note": "a\x00b"}
+    with pytest.raises(InvalidRecord, match="NUL"):
+        order_row(doc, orjson.dumps(doc))
+
+
+def test_customers_need_an_id_and_updated_in():
+    with pytest.raises(InvalidRecord, match="updatedIn"):
+        customer_row({"id": "c1", "email": "a@b.com"})
+    key, stamp, payload = customer_row({"id": "c1", "updatedIn": "2024-01-01T00:00:00Z"})
+    assert key == "c1" and stamp.year == 2024

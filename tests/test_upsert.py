@@ -1,0 +1,75 @@
+from datetime import UTC, datetime, timedelta
+
+import orjson
+
+from cdp_assets.lib.rejects import Reject, record_rejects
+from cdp_assets.lib.upsert import upsert_documents
+from cdp_assets.vtex.sync import ORDERS
+
+T0 = datetime(2024, 3, 1, 12, 0, tzinfo=UTC)
+
+
+def order(order_id: str, stamp: datetime, status: str) -> tuple:
+    doc = {"orderId": order_id, "status": status, "lastChange": stamp.isoformat()}
+    return (order_id, stamp, T0, as_json(doc))
+
+
+def as_json(doc: dict) -> str:
+    return orjson.dumps(doc).decode()
+
+
+def stored(conn, tenant: str) -> dict[str, str]:
+    rows = conn.execute(
+        "SELECT order_id, payload->>'status' FROM raw_vtex.orders WHERE tenant_id = %s", (tenant,)
+    )
+    return dict(rows.fetchall())
+
+
+def test_upsert_inserts_updates_and_ignores_stale_or_identical(conn):
+    tenant = "upsert_a"
+    first = upsert_documents(
+        conn, ORDERS, tenant, [order("1-01", T0, "handling"), order("2-01", T0, "handling")]
+    )
+    assert (first.inserted, first.updated, first.unchanged) == (2, 0, 0)
+
+    again = upsert_documents(conn, ORDERS, tenant, [order("1-01", T0, "handling")])
+    assert (again.inserted, again.updated, again.unchanged) == (0, 0, 1)
+
+    later = T0 + timedelta(hours=1)
+    newer = upsert_documents(
+        conn, ORDERS, tenant,
+        [order("1-01", later, "invoiced"), order("2-01", T0 - timedelta(hours=1), "canceled")],
+    )
+    # The newer change wins; the stale one (an out-of-order delivery) is ignored.
+    assert (newer.inserted, newer.updated, newer.unchanged) == (0, 1, 1)
+    assert stored(conn, tenant) == {"1-01": "invoiced", "2-01": "handling"}
+
+
+def test_a_key_repeated_in_one_batch_keeps_its_newest_version(conn):
+    tenant = "upsert_b"
+    batch = [
+        order("9-01", T0 + timedelta(minutes=5), "invoiced"),
+        order("9-01", T0, "handling"),
+    ]
+    counts = upsert_documents(conn, ORDERS, tenant, batch)
+    assert (counts.inserted, counts.updated, counts.unchanged) == (1, 0, 1)
+    assert stored(conn, tenant) == {"9-01": "invoiced"}
+
+
+def test_tenants_do_not_share_rows(conn):
+    upsert_documents(conn, ORDERS, "upsert_c", [order("5-01", T0, "handling")])
+    upsert_documents(conn, ORDERS, "upsert_d", [order("5-01", T0, "canceled")])
+    assert stored(conn, "upsert_c") == {"5-01": "handling"}
+    assert stored(conn, "upsert_d") == {"5-01": "canceled"}
+
+
+def test_the_same_reject_seen_twice_is_one_row_counted_twice(conn):
+    bad = Reject("7-01", "value must be an integer", '{"orderId": "7-01", "value": "x"}')
+    other = Reject(None, "not JSON", "{")
+    record_rejects(conn, "upsert_e", "orders", [bad, other], run_id="r1")
+    record_rejects(conn, "upsert_e", "orders", [bad], run_id="r2")
+    rows = conn.execute(
+        "SELECT natural_key, reason, times_seen, run_id FROM raw_vtex.rejects"
+        " WHERE tenant_id = 'upsert_e' ORDER BY natural_key NULLS LAST"
+    ).fetchall()
+    assert rows == [("7-01", "value must be an integer", 2, "r2"), (None, "not JSON", 1, "r1")]
