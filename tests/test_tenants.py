@@ -43,7 +43,10 @@ def test_invalid_tenants_are_refused_with_a_clear_message(tenant, message):
 def test_invalid_tenant_never_reaches_the_table(conn):
     with pytest.raises(TenantError):
         add_tenant(conn, make("Bad Slug"))
-    assert conn.execute("SELECT count(*) FROM cdp.tenants WHERE tenant_id = 'Bad Slug'").fetchone()[0] == 0
+    assert (
+        conn.execute("SELECT count(*) FROM cdp.tenants WHERE tenant_id = 'Bad Slug'").fetchone()[0]
+        == 0
+    )
 
 
 def test_credentials_resolve_from_the_environment_and_never_print(monkeypatch):

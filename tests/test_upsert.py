@@ -37,7 +37,9 @@ def test_upsert_inserts_updates_and_ignores_stale_or_identical(conn):
 
     later = T0 + timedelta(hours=1)
     newer = upsert_documents(
-        conn, ORDERS, tenant,
+        conn,
+        ORDERS,
+        tenant,
         [order("1-01", later, "invoiced"), order("2-01", T0 - timedelta(hours=1), "canceled")],
     )
     # The newer change wins; the stale one (an out-of-order delivery) is ignored.

@@ -1,10 +1,8 @@
-import os
-
 import dagster as dg
 
 from cdp_assets.partitions import tenant_months, tenants
 from cdp_assets.vtex.assets import vtex_customers, vtex_orders, vtex_products, vtex_skus
-from cdp_assets.vtex.resources import VTEX_BASE_URL, VtexResource
+from cdp_assets.vtex.resources import VtexResource
 
 TENANT_SYNC_JOB = "vtex_tenant_sync"
 ORDERS_SYNC_JOB = "vtex_orders_sync"
@@ -23,14 +21,9 @@ vtex_orders_sync = dg.define_asset_job(
 )
 
 
-def vtex_resource() -> VtexResource:
-    """The VTEX resource; `VTEX_BASE_URL_TEMPLATE` points it at another host (the sandbox)."""
-    return VtexResource(base_url_template=os.environ.get("VTEX_BASE_URL_TEMPLATE", VTEX_BASE_URL))
-
-
 def defs() -> dg.Definitions:
     return dg.Definitions(
         assets=[vtex_orders, vtex_products, vtex_skus, vtex_customers],
         jobs=[vtex_tenant_sync, vtex_orders_sync],
-        resources={"vtex": vtex_resource()},
+        resources={"vtex": VtexResource()},
     )

@@ -1,5 +1,7 @@
 """The VTEX client as a Dagster resource; credentials come from the tenant's references."""
 
+import os
+
 import dagster as dg
 
 from cdp_assets.tenants.registry import Tenant
@@ -9,9 +11,10 @@ VTEX_BASE_URL = "https://{account}.{environment}.com.br"
 
 
 class VtexResource(dg.ConfigurableResource):
-    """How to reach VTEX. `base_url_template` may point at the loopback sandbox."""
+    """How to reach VTEX. Without `base_url_template`, `VTEX_BASE_URL_TEMPLATE` (read at run
+    time, so `cdp demo`/`cdp dev` can point it at the loopback sandbox) or VTEX itself."""
 
-    base_url_template: str = VTEX_BASE_URL
+    base_url_template: str | None = None
     requests_per_second: float = 80.0  # per account; VTEX allows 100/s on Get order
     max_workers: int = 8
     timeout_seconds: float = 30.0
@@ -22,9 +25,9 @@ class VtexResource(dg.ConfigurableResource):
     def client_for(self, tenant: Tenant) -> VtexClient:
         return VtexClient(
             tenant.account_name,
-            self.base_url_template.format(
-                account=tenant.account_name, environment=tenant.environment
-            ),
+            (
+                self.base_url_template or os.environ.get("VTEX_BASE_URL_TEMPLATE", VTEX_BASE_URL)
+            ).format(account=tenant.account_name, environment=tenant.environment),
             tenant.credentials(),
             requests_per_second=self.requests_per_second,
             max_workers=self.max_workers,

@@ -1,0 +1,314 @@
+"""VTEX ingestion end to end: sandbox over loopback -> Dagster assets -> Postgres."""
+
+from __future__ import annotations
+
+import os
+from datetime import UTC, date, datetime, timedelta
+
+import dagster as dg
+import orjson
+import psycopg
+import pytest
+from cdp_assets.sandbox import SandboxProcess, StoreSpec, credentials_for
+
+from cdp_assets.lib.warehouse import WarehouseResource
+from cdp_assets.partitions import order_months, tenants
+from cdp_assets.tenants.registry import Tenant, add_tenant
+from cdp_assets.vtex.assets import vtex_customers, vtex_orders, vtex_products, vtex_skus
+from cdp_assets.vtex.resources import VtexResource
+
+HISTORY_START = date(2025, 1, 1)
+BUSY_DAY = date(2025, 6, 15)
+STORES = {
+    "alpha": StoreSpec(
+        account="alpha",
+        seed=1,
+        customers=300,
+        orders=1500,
+        products=60,
+        malformed_orders=4,
+        history_start=HISTORY_START,
+    ),
+    "beta": StoreSpec(
+        account="beta",
+        seed=2,
+        customers=200,
+        orders=800,
+        products=40,
+        history_start=HISTORY_START,
+    ),
+    "gamma": StoreSpec(
+        account="gamma",
+        seed=3,
+        customers=150,
+        orders=400,
+        products=30,
+        history_start=HISTORY_START,
+        busy_day=BUSY_DAY,
+        busy_day_orders=3200,
+    ),
+}
+TABLES = {
+    "orders": ("order_id", vtex_orders),
+    "products": ("product_id", vtex_products),
+    "skus": ("sku_id", vtex_skus),
+    "customers": ("customer_id", vtex_customers),
+}
+
+
+@pytest.fixture(scope="module")
+def sandbox():
+    with SandboxProcess(list(STORES.values())) as server:
+        yield server
+
+
+def register(conn: psycopg.Connection, tenant_id: str, account: str) -> Tenant:
+    key_ref, token_ref = f"TEST_{tenant_id.upper()}_KEY", f"TEST_{tenant_id.upper()}_TOKEN"
+    os.environ[key_ref], os.environ[token_ref] = credentials_for(account)
+    tenant = Tenant(tenant_id, account, key_ref, token_ref, history_start=HISTORY_START)
+    add_tenant(conn, tenant)
+    conn.commit()
+    return tenant
+
+
+def vtex_for(sandbox: SandboxProcess, **overrides) -> VtexResource:
+    settings = {
+        "base_url_template": sandbox.base_url + "/{account}",
+        "backoff_base_seconds": 0.05,
+        "backoff_cap_seconds": 0.5,
+        **overrides,
+    }
+    return VtexResource(**settings)
+
+
+def sync(
+    instance: dg.DagsterInstance,
+    sandbox: SandboxProcess,
+    tenant_id: str,
+    *,
+    vtex: VtexResource | None = None,
+    entities=tuple(TABLES),
+    months: tuple[str, str] | None = None,
+    full_refresh: bool = False,
+    raise_on_error: bool = True,
+) -> dict[str, dg.ExecuteInProcessResult]:
+    """Materialize the tenant's VTEX assets as the UI would: one run per partition set."""
+    instance.add_dynamic_partitions(tenants.name, [tenant_id])
+    resources = {"warehouse": WarehouseResource(), "vtex": vtex or vtex_for(sandbox)}
+    results = {}
+    for entity in entities:
+        asset = TABLES[entity][1]
+        if entity == "orders":
+            first, last = months or (
+                order_months.get_first_partition_key(),
+                order_months.get_last_partition_key(),
+            )
+            run = {
+                "tags": {
+                    dg.ASSET_PARTITION_RANGE_START_TAG: f"{first}|{tenant_id}",
+                    dg.ASSET_PARTITION_RANGE_END_TAG: f"{last}|{tenant_id}",
+                },
+                "run_config": {"ops": {"vtex_orders": {"config": {"full_refresh": full_refresh}}}},
+            }
+        else:
+            run = {"partition_key": tenant_id}
+        results[entity] = dg.materialize(
+            [asset], resources=resources, instance=instance, raise_on_error=raise_on_error, **run
+        )
+    return results
+
+
+def metadata(result: dg.ExecuteInProcessResult) -> dict[str, float]:
+    (event,) = result.get_asset_materialization_events()[:1]
+    return {k: v.value for k, v in event.materialization.metadata.items()}
+
+
+def load_truth(conn: psycopg.Connection, sandbox: SandboxProcess, account: str, entity: str) -> int:
+    """The sandbox's truth for an entity in a temp table `truth` (key, payload); returns
+    how many records are malformed there."""
+    conn.execute("CREATE TEMP TABLE IF NOT EXISTS truth (key text PRIMARY KEY, payload jsonb)")
+    conn.execute("TRUNCATE truth")
+    malformed = 0
+    with conn.cursor().copy("COPY truth (key, payload) FROM STDIN") as copy:
+        for record in sandbox.export(account, entity):
+            if record["malformed"]:
+                malformed += 1
+                continue
+            copy.write_row((str(record["key"]), orjson.dumps(record["doc"]).decode()))
+    return malformed
+
+
+def differences(conn: psycopg.Connection, tenant_id: str, entity: str) -> tuple[int, int, int]:
+    """(rows in truth, truth rows missing or different in the warehouse, warehouse extras)."""
+    key = TABLES[entity][0]
+    stored = f"SELECT {key} AS key, payload FROM raw_vtex.{entity} WHERE tenant_id = %(t)s"
+    (truth,) = conn.execute("SELECT count(*) FROM truth").fetchone()
+    (missing,) = conn.execute(
+        f"SELECT count(*) FROM (SELECT key, payload FROM truth EXCEPT {stored}) d", {"t": tenant_id}
+    ).fetchone()
+    (extra,) = conn.execute(
+        f"SELECT count(*) FROM ({stored} EXCEPT SELECT key, payload FROM truth) d", {"t": tenant_id}
+    ).fetchone()
+    return truth, missing, extra
+
+
+def assert_equals_truth(conn, sandbox, tenant_id: str, account: str, entity: str) -> None:
+    malformed = load_truth(conn, sandbox, account, entity)
+    truth, missing, extra = differences(conn, tenant_id, entity)
+    assert truth > 0
+    assert (missing, extra) == (0, 0), f"{tenant_id}.{entity}: {missing} missing, {extra} extra"
+    if entity == "orders":
+        (rejected,) = conn.execute(
+            "SELECT count(*) FROM raw_vtex.rejects WHERE tenant_id = %s AND entity = 'orders'",
+            (tenant_id,),
+        ).fetchone()
+        assert rejected == malformed
+
+
+def checksum(conn: psycopg.Connection, tenant_id: str) -> list[tuple]:
+    return [
+        conn.execute(
+            f"SELECT count(*), md5(string_agg(payload::text, '' ORDER BY {key}))"
+            f" FROM raw_vtex.{entity} WHERE tenant_id = %s",
+            (tenant_id,),
+        ).fetchone()
+        for entity, (key, _) in TABLES.items()
+    ]
+
+
+def test_full_sync_equals_the_sandbox_and_a_rerun_changes_nothing(conn, instance, sandbox):
+    register(conn, "t_alpha", "alpha")
+    register(conn, "t_beta", "beta")
+    first = sync(instance, sandbox, "t_alpha")
+    sync(instance, sandbox, "t_beta")
+    for tenant_id, account in (("t_alpha", "alpha"), ("t_beta", "beta")):
+        for entity in TABLES:
+            assert_equals_truth(conn, sandbox, tenant_id, account, entity)
+
+    orders = metadata(first["orders"])
+    assert orders["rows_rejected"] == STORES["alpha"].malformed_orders
+    assert orders["rows_inserted"] + orders["rows_rejected"] == orders["orders_listed"]
+    assert orders["api_requests"] > orders["orders_listed"]
+
+    before = checksum(conn, "t_alpha")
+    again = sync(instance, sandbox, "t_alpha", full_refresh=True)
+    assert checksum(conn, "t_alpha") == before
+    for entity in ("orders", "customers"):
+        counts = metadata(again[entity])
+        assert counts["rows_inserted"] == counts["rows_updated"] == 0
+        assert counts["rows_unchanged"] > 0
+
+
+def test_malformed_orders_are_quarantined_with_reasons_and_the_rest_lands(conn, instance, sandbox):
+    register(conn, "t_alpha", "alpha")
+    sync(instance, sandbox, "t_alpha", entities=("orders",))
+    rejects = conn.execute(
+        "SELECT natural_key, reason, raw_text FROM raw_vtex.rejects"
+        " WHERE tenant_id = 't_alpha' AND entity = 'orders'"
+    ).fetchall()
+    assert len(rejects) == STORES["alpha"].malformed_orders
+    assert all(reason and raw for _, reason, raw in rejects)
+    reasons = " ".join(reason for _, reason, _ in rejects)
+    assert "not valid JSON" in reasons and "lastChange" in reasons
+    # Re-running does not pile up copies of the same bad records.
+    sync(instance, sandbox, "t_alpha", entities=("orders",), full_refresh=True)
+    (count,) = conn.execute(
+        "SELECT count(*) FROM raw_vtex.rejects WHERE tenant_id = 't_alpha' AND entity = 'orders'"
+    ).fetchone()
+    assert count == len(rejects)
+
+
+def test_changes_in_the_source_are_picked_up_exactly(conn, instance, sandbox):
+    register(conn, "t_beta", "beta")
+    sync(instance, sandbox, "t_beta", entities=("orders",))
+    at = datetime.now(UTC) - timedelta(hours=1)
+    changed = sandbox.mutate("beta", seed=5, changed=12, new=7, at=at)
+    assert len(changed) == 19
+
+    # The twice-daily sync: the latest months, each resuming from its cursor minus 48 h.
+    recent = (
+        order_months.get_partition_key_for_timestamp((at - timedelta(days=2)).timestamp()),
+        order_months.get_last_partition_key(),
+    )
+    incremental = metadata(
+        sync(instance, sandbox, "t_beta", entities=("orders",), months=recent)["orders"]
+    )
+    assert incremental["rows_inserted"] == 7
+
+    # A full re-read of every month finds the remaining status changes and nothing else.
+    full = metadata(
+        sync(instance, sandbox, "t_beta", entities=("orders",), full_refresh=True)["orders"]
+    )
+    assert full["rows_inserted"] == 0
+    assert incremental["rows_updated"] + full["rows_updated"] == 12
+    assert_equals_truth(conn, sandbox, "t_beta", "beta", "orders")
+
+
+def test_a_day_with_more_orders_than_one_list_query_returns_syncs_completely(
+    conn, instance, sandbox
+):
+    register(conn, "t_gamma", "gamma")
+    month = BUSY_DAY.replace(day=1).isoformat()
+    sync(instance, sandbox, "t_gamma", entities=("orders",), months=(month, month))
+    (on_busy_day,) = conn.execute(
+        "SELECT count(*) FROM raw_vtex.orders WHERE tenant_id = 't_gamma'"
+        " AND creation_date >= %s AND creation_date < %s",
+        (BUSY_DAY, BUSY_DAY + timedelta(days=1)),
+    ).fetchone()
+    assert on_busy_day > 3000
+    load_truth(conn, sandbox, "gamma", "orders")
+    (expected,) = conn.execute(
+        "SELECT count(*) FROM truth WHERE (payload->>'creationDate')::timestamptz >= %s"
+        " AND (payload->>'creationDate')::timestamptz < %s",
+        (BUSY_DAY, BUSY_DAY + timedelta(days=1)),
+    ).fetchone()
+    assert on_busy_day == expected
+
+
+def test_sync_converges_through_injected_faults(conn, instance, sandbox):
+    register(conn, "t_faulty", "beta")
+    sandbox.set_faults(
+        {
+            "seed": 11,
+            "rate_429": 0.08,
+            "retry_after": 0,
+            "rate_5xx": 0.05,
+            "rate_reset": 0.03,
+            "rate_truncate": 0.03,
+            "rate_slow": 0.01,
+            "slow_seconds": 2.0,
+            "duplicate_pages": True,
+        }
+    )
+    try:
+        results = sync(
+            instance,
+            sandbox,
+            "t_faulty",
+            vtex=vtex_for(sandbox, timeout_seconds=0.5, max_retries=10),
+        )
+    finally:
+        sandbox.clear_faults()
+    for entity in TABLES:
+        assert_equals_truth(conn, sandbox, "t_faulty", "beta", entity)
+    orders = metadata(results["orders"])
+    assert orders["api_429_responses"] > 0 and orders["api_retries"] > orders["api_429_responses"]
+
+
+def test_refused_credentials_fail_that_tenant_only_and_never_leak(conn, instance, sandbox):
+    register(conn, "t_good", "gamma")
+    register(conn, "t_locked", "alpha")
+    os.environ["TEST_T_LOCKED_TOKEN"] = "wrong-token-value-123"
+    failed = sync(instance, sandbox, "t_locked", entities=("customers",), raise_on_error=False)
+    assert not failed["customers"].success
+    good = sync(instance, sandbox, "t_good", entities=("customers",))
+    assert good["customers"].success
+    assert_equals_truth(conn, sandbox, "t_good", "gamma", "customers")
+
+    error = failed["customers"].get_step_failure_events()[0].event_specific_data.error
+    assert "refused the credentials" in error.message
+    secrets = ["wrong-token-value-123", *credentials_for("gamma"), *credentials_for("alpha")]
+    for run_id in (failed["customers"].run_id, good["customers"].run_id):
+        text = " ".join(str(record) for record in instance.all_logs(run_id))
+        for secret in secrets:
+            assert secret not in text
