@@ -1,0 +1,68 @@
+from click.testing import CliRunner
+
+from cdp_assets.cli import main
+
+
+def test_every_command_has_help():
+    runner = CliRunner()
+    for args in (
+        ["--help"],
+        ["demo", "--help"],
+        ["dev", "--help"],
+        ["tenants", "--help"],
+        ["tenants", "add", "--help"],
+        ["tenants", "list", "--help"],
+        ["tenants", "deactivate", "--help"],
+        ["migrate", "--help"],
+    ):
+        result = runner.invoke(main, args)
+        assert result.exit_code == 0, (args, result.output)
+        assert "Usage:" in result.output
+
+
+def test_tenants_add_list_deactivate(warehouse_url):
+    runner = CliRunner()
+    added = runner.invoke(
+        main,
+        [
+            "tenants",
+            "add",
+            "cli_shop",
+            "--account",
+            "clishop",
+            "--app-key-ref",
+            "CLI_SHOP_KEY",
+            "--app-token-ref",
+            "CLI_SHOP_TOKEN",
+            "--priority",
+            "3",
+        ],
+    )
+    assert added.exit_code == 0, added.output
+    assert "CLI_SHOP_KEY" in added.output  # told that the variable is not set here
+    listed = runner.invoke(main, ["tenants", "list"])
+    assert "cli_shop" in listed.output and "clishop" in listed.output
+    deactivated = runner.invoke(main, ["tenants", "deactivate", "cli_shop"])
+    assert deactivated.exit_code == 0
+    assert "cli_shop" in runner.invoke(main, ["tenants", "list"]).output
+
+
+def test_an_invalid_tenant_is_refused_with_a_clear_message(warehouse_url):
+    result = CliRunner().invoke(
+        main,
+        [
+            "tenants",
+            "add",
+            "Bad|Slug",
+            "--account",
+            "shop",
+            "--app-key-ref",
+            "K",
+            "--app-token-ref",
+            "not a name",
+        ],
+    )
+    assert result.exit_code != 0
+    assert "not a slug" in result.output and "not an environment variable name" in result.output
+    missing = CliRunner().invoke(main, ["tenants", "deactivate", "nobody_here"])
+    assert missing.exit_code != 0 and "no tenant 'nobody_here'" in missing.output

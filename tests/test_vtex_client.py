@@ -1,0 +1,27 @@
+import time
+from datetime import UTC, datetime, timedelta
+from email.utils import format_datetime
+
+from cdp_assets.vtex.client import RateLimiter, format_vtex_instant, retry_after_seconds
+
+
+def test_retry_after_in_seconds_or_as_a_date():
+    assert retry_after_seconds("3") == 3.0
+    assert retry_after_seconds(None) is None
+    assert retry_after_seconds("soon") is None
+    later = format_datetime(datetime.now(UTC) + timedelta(seconds=30), usegmt=True)
+    assert 25 <= retry_after_seconds(later) <= 30
+
+
+def test_list_window_instants_are_utc_with_milliseconds():
+    moment = datetime(2024, 1, 2, 0, 0, 0, 123456, tzinfo=UTC)
+    assert format_vtex_instant(moment) == "2024-01-02T00:00:00.123Z"
+
+
+def test_rate_limiter_holds_the_rate():
+    limiter = RateLimiter(rate=50, burst=1)
+    started = time.monotonic()
+    for _ in range(26):
+        limiter.acquire()
+    # 25 tokens beyond the first at 50/s cannot take less than half a second.
+    assert time.monotonic() - started >= 0.45
