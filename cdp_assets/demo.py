@@ -15,7 +15,7 @@ import psycopg
 from cdp_assets.definitions import defs
 from cdp_assets.lib.dagster_home import prepare_dagster_home
 from cdp_assets.lib.warehouse import migrated_url
-from cdp_assets.partitions import tenant_months, tenants
+from cdp_assets.partitions import order_months, tenant_month_range_tags, tenants
 from cdp_assets.sandbox import SandboxProcess, StoreSpec, credentials_for
 from cdp_assets.tenants.registry import Tenant, add_tenant
 from cdp_assets.tenants.sensors import plan_tenant_partitions
@@ -83,6 +83,8 @@ def credential_refs(tenant_id: str) -> tuple[str, str]:
 def register_demo_tenants(conn, sandbox: SandboxProcess) -> list[Tenant]:
     """Register the demo tenants against the sandbox; their secrets go to this process's env."""
     os.environ["VTEX_BASE_URL_TEMPLATE"] = sandbox.base_url + "/{account}"
+    # The sandbox is ours to load; VTEX's own limit does not apply on loopback.
+    os.environ.setdefault("VTEX_REQUESTS_PER_SECOND", "5000")
     registered = []
     for demo in DEMO_TENANTS:
         key_ref, token_ref = credential_refs(demo.tenant_id)
@@ -114,15 +116,12 @@ def sync_tenant_partitions(instance: dg.DagsterInstance, conn) -> list[str]:
 
 def order_range_tags(tenant: Tenant) -> dict[str, str]:
     """One run over every month of a tenant's history, as a backfill from the UI would do."""
-    months = tenant_months.partitions_defs[0].partitions_def  # the "month" dimension
-    first = months.get_partition_key_for_timestamp(
-        datetime.combine(tenant.history_start, datetime.min.time(), UTC).timestamp()
+    start = datetime.combine(tenant.history_start, datetime.min.time(), UTC)
+    return tenant_month_range_tags(
+        tenant.tenant_id,
+        order_months.get_partition_key_for_timestamp(start.timestamp()),
+        order_months.get_last_partition_key(),
     )
-    last = months.get_last_partition_key()
-    return {
-        dg.ASSET_PARTITION_RANGE_START_TAG: f"{first}|{tenant.tenant_id}",
-        dg.ASSET_PARTITION_RANGE_END_TAG: f"{last}|{tenant.tenant_id}",
-    }
 
 
 def materialize_tenant(instance: dg.DagsterInstance, tenant: Tenant) -> float:

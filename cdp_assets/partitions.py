@@ -9,3 +9,15 @@ tenants = dg.DynamicPartitionsDefinition(name="tenants")
 order_months = dg.MonthlyPartitionsDefinition(start_date="2020-01-01", end_offset=1)
 
 tenant_months = dg.MultiPartitionsDefinition({"tenant": tenants, "month": order_months})
+
+# Dagster's run tags for one run over a range of partitions (what a UI backfill sends).
+RANGE_START_TAG = "dagster/asset_partition_range_start"
+RANGE_END_TAG = "dagster/asset_partition_range_end"
+
+
+def tenant_month_range_tags(tenant_id: str, first_month: str, last_month: str) -> dict[str, str]:
+    """Tags for one run over months `first_month`..`last_month` of one tenant's orders."""
+    return {
+        RANGE_START_TAG: dg.MultiPartitionKey({"tenant": tenant_id, "month": first_month}),
+        RANGE_END_TAG: dg.MultiPartitionKey({"tenant": tenant_id, "month": last_month}),
+    }

@@ -9,10 +9,10 @@ import dagster as dg
 import orjson
 import psycopg
 import pytest
-from cdp_assets.sandbox import SandboxProcess, StoreSpec, credentials_for
 
 from cdp_assets.lib.warehouse import WarehouseResource
-from cdp_assets.partitions import order_months, tenants
+from cdp_assets.partitions import order_months, tenant_month_range_tags, tenants
+from cdp_assets.sandbox import SandboxProcess, StoreSpec, credentials_for
 from cdp_assets.tenants.registry import Tenant, add_tenant
 from cdp_assets.vtex.assets import vtex_customers, vtex_orders, vtex_products, vtex_skus
 from cdp_assets.vtex.resources import VtexResource
@@ -104,10 +104,7 @@ def sync(
                 order_months.get_last_partition_key(),
             )
             run = {
-                "tags": {
-                    dg.ASSET_PARTITION_RANGE_START_TAG: f"{first}|{tenant_id}",
-                    dg.ASSET_PARTITION_RANGE_END_TAG: f"{last}|{tenant_id}",
-                },
+                "tags": tenant_month_range_tags(tenant_id, first, last),
                 "run_config": {"ops": {"vtex_orders": {"config": {"full_refresh": full_refresh}}}},
             }
         else:

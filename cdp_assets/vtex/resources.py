@@ -11,11 +11,16 @@ VTEX_BASE_URL = "https://{account}.{environment}.com.br"
 
 
 class VtexResource(dg.ConfigurableResource):
-    """How to reach VTEX. Without `base_url_template`, `VTEX_BASE_URL_TEMPLATE` (read at run
-    time, so `cdp demo`/`cdp dev` can point it at the loopback sandbox) or VTEX itself."""
+    """How to reach VTEX.
+
+    Settings left unset are read at run time from `VTEX_BASE_URL_TEMPLATE` and
+    `VTEX_REQUESTS_PER_SECOND`, so `cdp demo` and `cdp dev` can point every run at the
+    loopback sandbox; otherwise they default to VTEX itself and 80 requests/s per account
+    (VTEX documents 6,000/min for Get order).
+    """
 
     base_url_template: str | None = None
-    requests_per_second: float = 80.0  # per account; VTEX allows 100/s on Get order
+    requests_per_second: float | None = None
     max_workers: int = 8
     timeout_seconds: float = 30.0
     max_retries: int = 6
@@ -23,13 +28,13 @@ class VtexResource(dg.ConfigurableResource):
     backoff_cap_seconds: float = 60.0
 
     def client_for(self, tenant: Tenant) -> VtexClient:
+        template = self.base_url_template or os.environ.get("VTEX_BASE_URL_TEMPLATE", VTEX_BASE_URL)
+        rate = self.requests_per_second or float(os.environ.get("VTEX_REQUESTS_PER_SECOND", 80))
         return VtexClient(
             tenant.account_name,
-            (
-                self.base_url_template or os.environ.get("VTEX_BASE_URL_TEMPLATE", VTEX_BASE_URL)
-            ).format(account=tenant.account_name, environment=tenant.environment),
+            template.format(account=tenant.account_name, environment=tenant.environment),
             tenant.credentials(),
-            requests_per_second=self.requests_per_second,
+            requests_per_second=rate,
             max_workers=self.max_workers,
             timeout_seconds=self.timeout_seconds,
             max_retries=self.max_retries,
