@@ -1,8 +1,7 @@
 """Fixed word lists the generator draws from.
 
-Kept apart from the generator so that adding a word is visibly a change to the synthetic data: every
-index drawn by the generator points into these tuples, so appending (never reordering) keeps existing
-stores byte-identical only if the tuple sizes stay the same; any edit here changes every store.
+The generator stores indices into these tuples and the renderer looks the words up, so any edit here
+(even appending) changes every generated store: treat it as a change to the test fixtures.
 """
 
 from __future__ import annotations

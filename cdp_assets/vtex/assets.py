@@ -85,9 +85,11 @@ def vtex_orders(
                 if start >= end:
                     context.log.info(f"{tenant_id} {month}: before the history start, skipped")
                     continue
-                listed += sync_orders(client, conn, tenant_id, start, end, context.run_id, landing)
+                listed += sync_orders(
+                    client, conn, tenant_id, start, end, context.run.run_id, landing
+                )
                 with conn.transaction():
-                    set_cursor(conn, tenant_id, "orders", end, context.run_id, scope=month)
+                    set_cursor(conn, tenant_id, "orders", end, context.run.run_id, scope=month)
                 context.log.info(
                     f"{tenant_id} {month}: {start:%Y-%m-%d %H:%M} to {end:%Y-%m-%d %H:%M} UTC,"
                     f" {landing.received} orders so far"
@@ -121,9 +123,9 @@ def _whole_tenant_asset(name: str, table: RawTable, description: str):
         with warehouse.connect() as conn:
             client = vtex.client_for(get_tenant(conn, tenant_id))
             started = datetime.now(UTC)
-            landing = sync_catalog(client, conn, tenant_id, context.run_id, table)
+            landing = sync_catalog(client, conn, tenant_id, context.run.run_id, table)
             with conn.transaction():
-                set_cursor(conn, tenant_id, table.name, started, context.run_id)
+                set_cursor(conn, tenant_id, table.name, started, context.run.run_id)
         return dg.MaterializeResult(metadata=landing.metadata())
 
     return _asset
@@ -158,7 +160,7 @@ def vtex_customers(
         started = datetime.now(UTC)
         cursor = None if config.full_refresh else get_cursor(conn, tenant_id, CUSTOMERS.name)
         since = cursor - OVERLAP if cursor else None
-        landing = sync_customers(client, conn, tenant_id, context.run_id, since)
+        landing = sync_customers(client, conn, tenant_id, context.run.run_id, since)
         with conn.transaction():
-            set_cursor(conn, tenant_id, CUSTOMERS.name, started, context.run_id)
+            set_cursor(conn, tenant_id, CUSTOMERS.name, started, context.run.run_id)
     return dg.MaterializeResult(metadata={**landing.metadata(), "incremental": since is not None})

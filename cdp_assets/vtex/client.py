@@ -29,9 +29,10 @@ CATALOG_WINDOW = 250
 SKU_PAGE_SIZE = 1000
 SCROLL_SIZE = 1000
 MIN_LIST_WINDOW = timedelta(seconds=1)
+# What downstream models use; `_all` is discouraged by VTEX for bulk reads.
 CUSTOMER_FIELDS = (
-    "id,userId,email,firstName,lastName,document,documentType,phone,isNewsletterOptIn,"
-    "createdIn,updatedIn"
+    "id,userId,email,firstName,lastName,document,documentType,phone,isCorporate,"
+    "isNewsletterOptIn,localeDefault,createdIn,updatedIn"
 )
 
 T = TypeVar("T")
@@ -212,7 +213,11 @@ class VtexClient:
                     method, url, params=params, data=body, headers=headers, timeout=self.timeout
                 )
                 content = response.content
-            except (requests.ConnectionError, requests.Timeout) as error:
+            except (
+                requests.ConnectionError,
+                requests.Timeout,
+                requests.exceptions.ChunkedEncodingError,  # connection dropped mid-body
+            ) as error:
                 failure = type(error).__name__
                 delay = self._backoff(attempt)
                 continue

@@ -1,0 +1,303 @@
+"""Master Data v1 queries over a store's CL records: ``_where``, equality, ``_sort``, scroll.
+
+Supported ``_where`` grammar (keywords case-insensitive), enough for incremental CL syncs::
+
+    expr      := term (OR term)*
+    term      := factor (AND factor)*
+    factor    := "(" expr ")" | field op value | field between value AND value
+               | field is [not] null
+    op        := = | <> | > | < | >= | <=
+
+``createdIn`` / ``updatedIn`` compare as instants (``2024-01-01``, ``2024-01-01T10:00:00Z``, ...),
+``between`` is inclusive at both ends, ``*`` in an ``=`` value is a wildcard, other fields compare
+as text. Plain query parameters (``?userId=...``) are equality filters ANDed to ``_where``.
+Without ``_fields`` only ``id`` is returned; ``_fields=_all`` returns every field.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from cdp_assets.sandbox.generator import parse_ticks
+
+if TYPE_CHECKING:
+    from cdp_assets.sandbox.generator import Store
+
+SEARCH_MAX_PAGE = 100
+SEARCH_MAX_DOCUMENTS = 10_000
+SCROLL_MAX_SIZE = 1000
+SCROLL_MAX_ACTIVE = 10
+SCROLL_IDLE_SECONDS = 20 * 60
+
+_DATE_FIELDS = frozenset({"createdIn", "updatedIn"})
+_BOOL_FIELDS = frozenset({"isNewsletterOptIn"})
+_TOKEN_RE = re.compile(r"""\s*(\(|\)|<>|>=|<=|=|>|<|"[^"]*"|'[^']*'|[^\s()=<>"']+)""")
+_OPERATORS = frozenset({"=", "<>", ">", "<", ">=", "<="})
+
+
+class QueryError(ValueError):
+    """A Master Data query the sandbox cannot answer (reported to the client as 400)."""
+
+
+Node = tuple[Any, ...]
+
+
+def _tokenize(text: str) -> list[str]:
+    tokens: list[str] = []
+    position = 0
+    text = text.strip()
+    while position < len(text):
+        match = _TOKEN_RE.match(text, position)
+        if match is None:
+            raise QueryError(f"cannot parse _where near {text[position:]!r}")
+        tokens.append(match.group(1))
+        position = match.end()
+    return tokens
+
+
+class _Parser:
+    def __init__(self, text: str) -> None:
+        self.tokens = _tokenize(text)
+        self.position = 0
+
+    def parse(self) -> Node:
+        node = self._or()
+        if self.position != len(self.tokens):
+            raise QueryError(f"unexpected {self.tokens[self.position]!r} in _where")
+        return node
+
+    def _peek(self) -> str | None:
+        return self.tokens[self.position] if self.position < len(self.tokens) else None
+
+    def _take(self) -> str:
+        token = self._peek()
+        if token is None:
+            raise QueryError("_where ends too early")
+        self.position += 1
+        return token
+
+    def _keyword(self, word: str) -> bool:
+        token = self._peek()
+        if token is not None and token.lower() == word:
+            self.position += 1
+            return True
+        return False
+
+    def _or(self) -> Node:
+        nodes = [self._and()]
+        while self._keyword("or"):
+            nodes.append(self._and())
+        return nodes[0] if len(nodes) == 1 else ("or", nodes)
+
+    def _and(self) -> Node:
+        nodes = [self._factor()]
+        while self._keyword("and"):
+            nodes.append(self._factor())
+        return nodes[0] if len(nodes) == 1 else ("and", nodes)
+
+    def _factor(self) -> Node:
+        if self._peek() == "(":
+            self.position += 1
+            node = self._or()
+            if self._take() != ")":
+                raise QueryError("missing ')' in _where")
+            return node
+        name = self._take()
+        if self._keyword("between"):
+            low = _unquote(self._take())
+            if not self._keyword("and"):
+                raise QueryError("between needs AND")
+            return ("between", name, low, _unquote(self._take()))
+        if self._keyword("is"):
+            negated = self._keyword("not")
+            if not self._keyword("null"):
+                raise QueryError("expected 'is [not] null'")
+            return ("null", name, not negated)
+        operator = self._take()
+        if operator not in _OPERATORS:
+            raise QueryError(f"unknown operator {operator!r}")
+        return ("cmp", name, operator, _unquote(self._take()))
+
+
+def _unquote(token: str) -> str:
+    if len(token) >= 2 and token[0] == token[-1] and token[0] in "\"'":
+        return token[1:-1]
+    return token
+
+
+def parse_where(text: str) -> Node:
+    """Parse a ``_where`` expression into a small tuple tree."""
+    return _Parser(text).parse()
+
+
+def _instant(text: str) -> int:
+    try:
+        return parse_ticks(text)
+    except ValueError as error:
+        raise QueryError(f"not a date: {text!r}") from error
+
+
+def _coerce(name: str, text: str) -> Any:
+    if name in _DATE_FIELDS:
+        return _instant(text)
+    if name in _BOOL_FIELDS:
+        if text.lower() not in ("true", "false"):
+            raise QueryError(f"{name} is a boolean")
+        return text.lower() == "true"
+    return text
+
+
+class CustomerQuery:
+    """Evaluates CL queries against the store's column table (built once per store)."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._equality_index: dict[str, dict[Any, np.ndarray]] = {}
+        self._sort_order: dict[str, np.ndarray] = {}
+
+    def rows(self, where: str | None, equals: dict[str, str], sort: str | None) -> np.ndarray:
+        """Matching CL rows, sorted as ``_sort`` asks (row order otherwise)."""
+        count = self._store.buyers.registered
+        mask = np.ones(count, dtype=bool)
+        if where:
+            mask &= self._evaluate(parse_where(where))
+        for name, value in equals.items():
+            mask &= self._evaluate(("cmp", name, "=", value))
+        if not sort:
+            return np.flatnonzero(mask)
+        parts = sort.split()
+        if len(parts) > 2 or (len(parts) == 2 and parts[1].upper() not in ("ASC", "DESC")):
+            raise QueryError("_sort must be '<field> ASC|DESC'")
+        order = self._order(parts[0])
+        if len(parts) == 2 and parts[1].upper() == "DESC":
+            order = order[::-1]
+        return order[mask[order]]
+
+    def _column(self, name: str) -> np.ndarray:
+        table = self._store.customer_table()
+        if name not in table:
+            raise QueryError(f"unknown CL field {name!r}")
+        return table[name]
+
+    def _order(self, name: str) -> np.ndarray:
+        if name not in self._sort_order:
+            self._sort_order[name] = np.argsort(self._column(name), kind="stable")
+        return self._sort_order[name]
+
+    def _evaluate(self, node: Node) -> np.ndarray:
+        kind = node[0]
+        if kind in ("or", "and"):
+            masks = [self._evaluate(child) for child in node[1]]
+            combine = np.logical_or if kind == "or" else np.logical_and
+            result = masks[0]
+            for mask in masks[1:]:
+                result = combine(result, mask)
+            return result
+        name = node[1]
+        column = self._column(name)
+        if kind == "null":
+            is_null = np.fromiter((v is None for v in column), dtype=bool, count=len(column))
+            return is_null if node[2] else ~is_null
+        if kind == "between":
+            low, high = _coerce(name, node[2]), _coerce(name, node[3])
+            return (column >= low) & (column <= high)
+        _, _, operator, text = node
+        if operator in ("=", "<>") and name not in _DATE_FIELDS and "*" in text:
+            pattern = re.compile(".*".join(map(re.escape, text.split("*"))), re.IGNORECASE)
+            matched = np.fromiter(
+                (bool(pattern.fullmatch(str(v))) for v in column), dtype=bool, count=len(column)
+            )
+            return matched if operator == "=" else ~matched
+        value = _coerce(name, text)
+        if operator in ("=", "<>"):
+            matched = np.zeros(len(column), dtype=bool)
+            matched[self._equal_rows(name, value)] = True
+            return matched if operator == "=" else ~matched
+        comparisons: dict[str, Callable[[Any, Any], Any]] = {
+            ">": np.greater,
+            "<": np.less,
+            ">=": np.greater_equal,
+            "<=": np.less_equal,
+        }
+        return np.asarray(comparisons[operator](column, value), dtype=bool)
+
+    def _equal_rows(self, name: str, value: Any) -> np.ndarray:
+        # Point lookups (search?userId=...) are the hot path of e-mail resolution: index once.
+        if name not in self._equality_index:
+            index: dict[Any, list[int]] = {}
+            for row, item in enumerate(self._column(name).tolist()):
+                index.setdefault(item, []).append(row)
+            self._equality_index[name] = {k: np.asarray(v) for k, v in index.items()}
+        return self._equality_index[name].get(value, np.empty(0, dtype=np.int64))
+
+
+def project(document: dict[str, Any], fields: list[str] | None) -> dict[str, Any]:
+    """Apply ``_fields`` (``None`` = only ``id``, ``_all`` = everything, unknown names skipped)."""
+    if fields is None:
+        return {"id": document["id"]}
+    if "_all" in fields:
+        return document
+    return {name: document[name] for name in fields if name in document}
+
+
+def parse_fields(text: str | None) -> list[str] | None:
+    if text is None:
+        return None
+    return [name.strip() for name in text.split(",") if name.strip()]
+
+
+@dataclass
+class _Scroll:
+    rows: np.ndarray
+    size: int
+    fields: list[str] | None
+    position: int
+    touched: float
+
+
+class ScrollRegistry:
+    """Open scroll cursors of one account (tokens expire after 20 idle minutes)."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._scrolls: dict[str, _Scroll] = {}
+        self._counter = itertools.count()
+
+    def open(self, rows: np.ndarray, size: int, fields: list[str] | None) -> str:
+        self._expire()
+        if len(self._scrolls) >= SCROLL_MAX_ACTIVE:
+            raise QueryError(f"Maximum simultaneous scrolls rate exceeded ({SCROLL_MAX_ACTIVE})")
+        token = f"{next(self._counter):06d}{secrets.token_hex(16)}"
+        self._scrolls[token] = _Scroll(rows, size, fields, 0, self._clock())
+        return token
+
+    def advance(self, token: str, repeat: int) -> tuple[np.ndarray, list[str] | None, int]:
+        """Next batch of rows (prefixed by ``repeat`` rows of the previous batch), its fields and
+        the total; the cursor is dropped once an empty batch has been handed out."""
+        self._expire()
+        scroll = self._scrolls.get(token)
+        if scroll is None:
+            raise QueryError("scroll token is invalid or expired")
+        start = scroll.position
+        batch = scroll.rows[start : start + scroll.size]
+        if len(batch) == 0:
+            del self._scrolls[token]
+            return batch, scroll.fields, len(scroll.rows)
+        scroll.position = start + len(batch)
+        scroll.touched = self._clock()
+        if repeat and start:
+            batch = np.concatenate([scroll.rows[max(0, start - repeat) : start], batch])
+        return batch, scroll.fields, len(scroll.rows)
+
+    def _expire(self) -> None:
+        horizon = self._clock() - SCROLL_IDLE_SECONDS
+        for token in [t for t, s in self._scrolls.items() if s.touched < horizon]:
+            del self._scrolls[token]
