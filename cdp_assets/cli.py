@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from datetime import date
 from pathlib import Path
 
@@ -17,6 +18,11 @@ from cdp_assets.lib.warehouse import migrated_url
 from cdp_assets.tenants.registry import Tenant, TenantError, add_tenant, list_tenants, set_active
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+# Dagster marks `backfill_policy` as beta and platformdirs warns about XDG_RUNTIME_DIR on
+# servers: neither is actionable by a user of the CLI.
+warnings.filterwarnings("ignore", message=".*is currently in beta")
+warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

@@ -128,18 +128,22 @@ def order_range_tags(tenant: Tenant) -> dict[str, str]:
 QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
 
 
-def materialize_tenant(instance: dg.DagsterInstance, tenant: Tenant) -> float:
+def materialize_tenant(
+    instance: dg.DagsterInstance, tenant: Tenant, echo: Callable[[str], None]
+) -> float:
     """Materialize every VTEX asset for one tenant, as two runs; returns the seconds taken."""
     started = time.monotonic()
     for job_name, run in (
         (TENANT_SYNC_JOB, {"partition_key": tenant.tenant_id}),
         (ORDERS_SYNC_JOB, {"tags": order_range_tags(tenant)}),
     ):
+        job_started = time.monotonic()
         result = defs.resolve_job_def(job_name).execute_in_process(
             instance=instance, run_config=QUIET, **run
         )
         if not result.success:
             raise RuntimeError(f"{job_name} failed for tenant {tenant.tenant_id}")
+        echo(f"  {tenant.tenant_id}: {job_name} done in {time.monotonic() - job_started:.1f} s")
     return time.monotonic() - started
 
 
@@ -168,8 +172,7 @@ def run_demo(echo: Callable[[str], None] = print) -> list[tuple]:
             echo(f"tenant partitions: {', '.join(partitions)}")
             seconds: dict[str, float] = {}
             for tenant in registered:
-                echo(f"syncing {tenant.tenant_id} ...")
-                seconds[tenant.tenant_id] = materialize_tenant(instance, tenant)
+                seconds[tenant.tenant_id] = materialize_tenant(instance, tenant, echo)
             rows = conn.execute(SUMMARY_SQL, ([t.tenant_id for t in registered],)).fetchall()
     echo("")
     echo(
