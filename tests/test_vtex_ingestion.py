@@ -297,7 +297,9 @@ def test_sync_converges_through_injected_faults(conn, instance, sandbox):
     assert orders["api_429_responses"] > 0 and orders["api_retries"] > orders["api_429_responses"]
 
 
-def test_refused_credentials_fail_that_tenant_only_and_never_leak(conn, instance, sandbox):
+def test_refused_credentials_fail_that_tenant_only_and_never_leak(
+    conn, instance, sandbox, capfd, caplog
+):
     register(conn, "t_good", "gamma")
     register(conn, "t_locked", "alpha")
     os.environ["TEST_T_LOCKED_TOKEN"] = "wrong-token-value-123"
@@ -311,7 +313,11 @@ def test_refused_credentials_fail_that_tenant_only_and_never_leak(conn, instance
     assert "VtexAuthError" in error.to_string()
     assert "refused the credentials (HTTP 401)" in error.to_string()
     secrets = ["wrong-token-value-123", *credentials_for("gamma"), *credentials_for("alpha")]
+    printed = capfd.readouterr()
+    texts = [printed.out, printed.err, caplog.text, error.to_string()]
     for run_id in (failed["customers"].run_id, good["customers"].run_id):
-        text = " ".join(str(record) for record in instance.all_logs(run_id))
+        texts.append(" ".join(str(record) for record in instance.all_logs(run_id)))
+    assert "refused the credentials" in printed.err  # the log output was really captured
+    for text in texts:
         for secret in secrets:
             assert secret not in text
