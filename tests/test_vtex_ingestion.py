@@ -5,18 +5,14 @@ from __future__ import annotations
 import os
 from datetime import UTC, date, datetime, timedelta
 
-import dagster as dg
 import orjson
 import psycopg
 import pytest
+from support import TABLES, metadata, register, sync, vtex_for
 
-from cdp_assets.lib.warehouse import WarehouseResource
-from cdp_assets.partitions import order_months, tenant_month_range_tags, tenants
+from cdp_assets.partitions import order_months
 from cdp_assets.sandbox import SandboxProcess, StoreSpec, credentials_for
-from cdp_assets.tenants.registry import Tenant, add_tenant
-from cdp_assets.vtex.assets import vtex_customers, vtex_orders, vtex_products, vtex_skus
 from cdp_assets.vtex.client import CUSTOMER_FIELDS
-from cdp_assets.vtex.resources import VtexResource
 
 HISTORY_START = date(2025, 1, 1)
 BUSY_DAY = date(2025, 6, 15)
@@ -49,77 +45,12 @@ STORES = {
         busy_day_orders=3200,
     ),
 }
-TABLES = {
-    "orders": ("order_id", vtex_orders),
-    "products": ("product_id", vtex_products),
-    "skus": ("sku_id", vtex_skus),
-    "customers": ("customer_id", vtex_customers),
-}
 
 
 @pytest.fixture(scope="module")
 def sandbox():
     with SandboxProcess(list(STORES.values())) as server:
         yield server
-
-
-def register(conn: psycopg.Connection, tenant_id: str, account: str) -> Tenant:
-    key_ref, token_ref = f"TEST_{tenant_id.upper()}_KEY", f"TEST_{tenant_id.upper()}_TOKEN"
-    os.environ[key_ref], os.environ[token_ref] = credentials_for(account)
-    tenant = Tenant(tenant_id, account, key_ref, token_ref, history_start=HISTORY_START)
-    add_tenant(conn, tenant)
-    conn.commit()
-    return tenant
-
-
-def vtex_for(sandbox: SandboxProcess, **overrides) -> VtexResource:
-    settings = {
-        "base_url_template": sandbox.base_url + "/{account}",
-        "requests_per_second": 5000,  # VTEX's limit does not apply on loopback
-        "backoff_base_seconds": 0.05,
-        "backoff_cap_seconds": 0.5,
-        **overrides,
-    }
-    return VtexResource(**settings)
-
-
-def sync(
-    instance: dg.DagsterInstance,
-    sandbox: SandboxProcess,
-    tenant_id: str,
-    *,
-    vtex: VtexResource | None = None,
-    entities=tuple(TABLES),
-    months: tuple[str, str] | None = None,
-    full_refresh: bool = False,
-    raise_on_error: bool = True,
-) -> dict[str, dg.ExecuteInProcessResult]:
-    """Materialize the tenant's VTEX assets as the UI would: one run per partition set."""
-    instance.add_dynamic_partitions(tenants.name, [tenant_id])
-    resources = {"warehouse": WarehouseResource(), "vtex": vtex or vtex_for(sandbox)}
-    results = {}
-    for entity in entities:
-        asset = TABLES[entity][1]
-        if entity == "orders":
-            first, last = months or (
-                order_months.get_first_partition_key(),
-                order_months.get_last_partition_key(),
-            )
-            run = {
-                "tags": tenant_month_range_tags(tenant_id, first, last),
-                "run_config": {"ops": {"vtex_orders": {"config": {"full_refresh": full_refresh}}}},
-            }
-        else:
-            run = {"partition_key": tenant_id}
-        results[entity] = dg.materialize(
-            [asset], resources=resources, instance=instance, raise_on_error=raise_on_error, **run
-        )
-    return results
-
-
-def metadata(result: dg.ExecuteInProcessResult) -> dict[str, float]:
-    (event,) = result.get_asset_materialization_events()[:1]
-    return {k: v.value for k, v in event.materialization.metadata.items()}
 
 
 def load_truth(conn: psycopg.Connection, sandbox: SandboxProcess, account: str, entity: str) -> int:
