@@ -211,6 +211,20 @@ def _set_active(tenant_id: str, active: bool) -> None:
     click.echo(f"tenant {tenant_id!r} {'activated' if active else 'deactivated'}")
 
 
+@main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def dbt(args: tuple[str, ...]) -> None:
+    """Run dbt in dbt_project/ against the platform's database, e.g.
+    `cdp dbt build --vars '{tenant_id: acme}'`. Keeps an embedded server up while dbt runs."""
+    from cdp_assets.analytics.dbt_project import DBT_PROJECT_DIR, dbt_connection_env
+
+    env = {**os.environ, **dbt_connection_env(migrated_url()), "DO_NOT_TRACK": "1"}
+    command = [str(Path(sys.executable).parent / "dbt"), *args]
+    if args and "--profiles-dir" not in args:
+        command += ["--profiles-dir", str(DBT_PROJECT_DIR)]
+    raise SystemExit(subprocess.call(command, cwd=DBT_PROJECT_DIR, env=env))
+
+
 @main.command(context_settings={"ignore_unknown_options": True})
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def sandbox(args: tuple[str, ...]) -> None:

@@ -2,6 +2,7 @@
 
 import dagster as dg
 
+from cdp_assets.analytics.definitions import defs as analytics_defs
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.tenants.definitions import defs as tenants_defs
 from cdp_assets.vtex.definitions import defs as vtex_defs
@@ -11,6 +12,7 @@ def build_definitions() -> dg.Definitions:
     return dg.Definitions.merge(
         tenants_defs(),
         vtex_defs(),
+        analytics_defs(),
         dg.Definitions(resources={"warehouse": WarehouseResource()}),
     )
 

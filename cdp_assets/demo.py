@@ -12,6 +12,7 @@ from datetime import UTC, date, datetime
 import dagster as dg
 import psycopg
 
+from cdp_assets.analytics.definitions import ANALYTICS_JOB, AUDIENCES_JOB
 from cdp_assets.definitions import defs
 from cdp_assets.lib.dagster_home import prepare_dagster_home
 from cdp_assets.lib.warehouse import migrated_url
@@ -131,26 +132,31 @@ def order_range_tags(tenant: Tenant) -> dict[str, str]:
 QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
 
 
+def run_job(
+    instance: dg.DagsterInstance, job_name: str, label: str, echo: Callable[[str], None], **run
+) -> None:
+    started = time.monotonic()
+    result = defs.resolve_job_def(job_name).execute_in_process(
+        instance=instance, run_config=QUIET, **run
+    )
+    if not result.success:
+        raise RuntimeError(f"{job_name} failed ({label})")
+    echo(f"  {label}: {job_name} done in {time.monotonic() - started:.1f} s")
+
+
 def materialize_tenant(
     instance: dg.DagsterInstance, tenant: Tenant, echo: Callable[[str], None]
 ) -> float:
-    """Materialize every VTEX asset for one tenant, as two runs; returns the seconds taken."""
+    """Sync a tenant's VTEX assets and refresh its analytics; returns the seconds taken."""
     started = time.monotonic()
-    for job_name, run in (
-        (TENANT_SYNC_JOB, {"partition_key": tenant.tenant_id}),
-        (ORDERS_SYNC_JOB, {"tags": order_range_tags(tenant)}),
-    ):
-        job_started = time.monotonic()
-        result = defs.resolve_job_def(job_name).execute_in_process(
-            instance=instance, run_config=QUIET, **run
-        )
-        if not result.success:
-            raise RuntimeError(f"{job_name} failed for tenant {tenant.tenant_id}")
-        echo(f"  {tenant.tenant_id}: {job_name} done in {time.monotonic() - job_started:.1f} s")
+    tenant_id = tenant.tenant_id
+    run_job(instance, TENANT_SYNC_JOB, tenant_id, echo, partition_key=tenant_id)
+    run_job(instance, ORDERS_SYNC_JOB, tenant_id, echo, tags=order_range_tags(tenant))
+    run_job(instance, ANALYTICS_JOB, tenant_id, echo, partition_key=tenant_id)
     return time.monotonic() - started
 
 
-SUMMARY_SQL = """
+INGESTION_SQL = """
 SELECT t.tenant_id,
        (SELECT count(*) FROM raw_vtex.orders o WHERE o.tenant_id = t.tenant_id),
        (SELECT count(*) FROM raw_vtex.products p WHERE p.tenant_id = t.tenant_id),
@@ -159,9 +165,46 @@ SELECT t.tenant_id,
        (SELECT count(*) FROM raw_vtex.rejects r WHERE r.tenant_id = t.tenant_id)
   FROM cdp.tenants t WHERE t.tenant_id = ANY(%s) ORDER BY t.priority
 """
+CLV_SQL = """
+SELECT tenant_id, string_agg(DISTINCT model, ','), count(*),
+       sum(clv_1y), sum(clv_3y), sum(clv_5y)
+  FROM analytics_python.customer_predictions WHERE tenant_id = ANY(%s) GROUP BY 1 ORDER BY 1
+"""
+SEGMENTS_SQL = """
+SELECT tenant_id, segment, count(*) FROM marts.rfm_segments
+ WHERE tenant_id = ANY(%s) GROUP BY 1, 2 ORDER BY 1, 3 DESC
+"""
 
 
-def run_demo(echo: Callable[[str], None] = print) -> list[tuple]:
+def print_summary(
+    conn: psycopg.Connection,
+    tenant_ids: list[str],
+    seconds: dict[str, float],
+    echo: Callable[[str], None],
+) -> None:
+    echo("")
+    echo(
+        f"{'tenant':<10}{'orders':>9}{'products':>10}{'skus':>8}{'customers':>11}"
+        f"{'rejects':>9}{'seconds':>9}"
+    )
+    for tenant_id, *counts in conn.execute(INGESTION_SQL, (tenant_ids,)).fetchall():
+        echo(
+            f"{tenant_id:<10}{counts[0]:>9}{counts[1]:>10}{counts[2]:>8}{counts[3]:>11}"
+            f"{counts[4]:>9}{seconds[tenant_id]:>9.1f}"
+        )
+    echo("")
+    echo(f"{'tenant':<10}{'model':<20}{'buyers':>8}{'CLV 1y':>14}{'CLV 3y':>14}{'CLV 5y':>14}")
+    for tenant_id, model, buyers, *values in conn.execute(CLV_SQL, (tenant_ids,)).fetchall():
+        echo(f"{tenant_id:<10}{model:<20}{buyers:>8}" + "".join(f"{v:>14,.2f}" for v in values))
+    echo("")
+    segments: dict[str, list[str]] = {}
+    for tenant_id, segment, count in conn.execute(SEGMENTS_SQL, (tenant_ids,)).fetchall():
+        segments.setdefault(tenant_id, []).append(f"{segment} {count}")
+    for tenant_id in tenant_ids:
+        echo(f"{tenant_id:<10}" + (", ".join(segments.get(tenant_id, [])) or "no segments"))
+
+
+def run_demo(echo: Callable[[str], None] = print) -> None:
     started = time.monotonic()
     url = migrated_url()
     prepare_dagster_home(url)
@@ -173,19 +216,7 @@ def run_demo(echo: Callable[[str], None] = print) -> list[tuple]:
             instance = dg.DagsterInstance.get()
             partitions = sync_tenant_partitions(instance, conn)
             echo(f"tenant partitions: {', '.join(partitions)}")
-            seconds: dict[str, float] = {}
-            for tenant in registered:
-                seconds[tenant.tenant_id] = materialize_tenant(instance, tenant, echo)
-            rows = conn.execute(SUMMARY_SQL, ([t.tenant_id for t in registered],)).fetchall()
-    echo("")
-    echo(
-        f"{'tenant':<10}{'orders':>9}{'products':>10}{'skus':>8}{'customers':>11}{'rejects':>9}"
-        f"{'seconds':>9}"
-    )
-    for tenant_id, *counts in rows:
-        echo(
-            f"{tenant_id:<10}{counts[0]:>9}{counts[1]:>10}{counts[2]:>8}{counts[3]:>11}"
-            f"{counts[4]:>9}{seconds[tenant_id]:>9.1f}"
-        )
+            seconds = {t.tenant_id: materialize_tenant(instance, t, echo) for t in registered}
+            run_job(instance, AUDIENCES_JOB, "all tenants", echo)
+            print_summary(conn, [t.tenant_id for t in registered], seconds, echo)
     echo(f"done in {time.monotonic() - started:.1f} s")
-    return rows

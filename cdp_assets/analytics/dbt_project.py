@@ -1,0 +1,74 @@
+"""The dbt project beside the package: its manifest, its connection, and how its nodes
+become Dagster assets."""
+
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
+
+import dagster as dg
+from dagster_dbt import (
+    DagsterDbtTranslator,
+    DagsterDbtTranslatorSettings,
+    DbtCliResource,
+    DbtProject,
+)
+
+DBT_PROJECT_DIR = Path(__file__).resolve().parents[2] / "dbt_project"
+# The dbt installed beside this interpreter, whether or not its folder is on PATH.
+DBT_EXECUTABLE = str(Path(sys.executable).parent / "dbt")
+
+dbt_project = DbtProject(project_dir=DBT_PROJECT_DIR, profiles_dir=DBT_PROJECT_DIR)
+
+
+def dbt_resource() -> DbtCliResource:
+    return DbtCliResource(project_dir=dbt_project, dbt_executable=DBT_EXECUTABLE)
+
+
+def ensure_manifest() -> Path:
+    """Parse the project when its manifest is missing or older than any project file, so the
+    code location, tests and CLI always load the models as they are on disk."""
+    manifest = dbt_project.manifest_path
+    sources = [
+        p
+        for p in DBT_PROJECT_DIR.rglob("*")
+        if p.is_file() and not {"target", "logs"} & set(p.relative_to(DBT_PROJECT_DIR).parts)
+    ]
+    newest = max(p.stat().st_mtime for p in sources)
+    if not manifest.exists() or manifest.stat().st_mtime < newest:
+        os.environ.setdefault("DO_NOT_TRACK", "1")
+        dbt_resource().cli(["parse", "--quiet"], target_path=dbt_project.target_path).wait()
+    return manifest
+
+
+def dbt_connection_env(url: str) -> dict[str, str]:
+    """The CDP_PG* variables `profiles.yml` reads, from a `postgresql://` URL (a Unix socket
+    directory given as `?host=` works too)."""
+    parts = urlsplit(url)
+    query = parse_qs(parts.query)
+    return {
+        "CDP_PGHOST": query.get("host", [parts.hostname or "localhost"])[0],
+        "CDP_PGPORT": str(parts.port or 5432),
+        "CDP_PGUSER": unquote(parts.username or "postgres"),
+        "CDP_PGPASSWORD": unquote(parts.password or ""),
+        "CDP_PGDATABASE": parts.path.lstrip("/") or "postgres",
+    }
+
+
+class CdpDbtTranslator(DagsterDbtTranslator):
+    """Models keyed by name, grouped by layer (staging, intermediate, marts, audiences)."""
+
+    def get_asset_spec(
+        self, manifest: Mapping[str, Any], unique_id: str, project: DbtProject | None
+    ) -> dg.AssetSpec:
+        spec = super().get_asset_spec(manifest, unique_id, project)
+        props = self.get_resource_props(manifest, unique_id)
+        if props["resource_type"] != "model":
+            return spec
+        layer = props["fqn"][1] if len(props["fqn"]) > 2 else "analytics"
+        return spec.replace_attributes(key=dg.AssetKey(props["name"]), group_name=layer)
+
+
+translator = CdpDbtTranslator(settings=DagsterDbtTranslatorSettings(enable_asset_checks=True))

@@ -1,0 +1,32 @@
+{#-
+    Pre-hook of every tenant-scoped incremental model (delete+insert, unique_key tenant_id).
+
+    dbt's delete+insert only deletes the tenant_id values present in the new batch, so a
+    tenant whose rows all disappear (e.g. it fell below the RFM minimum) would keep stale
+    rows. This hook first deletes exactly the rows in scope: the one tenant when the var is
+    set, everything otherwise. It runs inside the model's transaction, before the insert,
+    so readers see the old rows until the commit, and other tenants' rows are never touched.
+
+    A full refresh rebuilds the table from the model's SQL, which with a tenant var holds one
+    tenant only: that would wipe the others, so it is refused.
+-#}
+{% macro delete_tenant_rows() %}
+    {%- if should_full_refresh() and tenant_id_var() is not none -%}
+        {{ exceptions.raise_compiler_error(
+            "--full-refresh with var tenant_id would drop every other tenant's rows of "
+            ~ this ~ "; run the full refresh without tenant_id"
+        ) }}
+    {%- endif -%}
+    {%- if is_incremental() -%}
+        delete from {{ this }} where {{ tenant_filter() }}
+    {%- endif -%}
+{% endmacro %}
+
+{# Fresh planner statistics after a tenant's rows were replaced: without them the next
+   model plans against the old row counts (seen: a 4,500-customer tenant's `customers`
+   took two minutes on nested loops; a few seconds after ANALYZE). Tables only. #}
+{% macro analyze_if_table() %}
+    {%- if config.get('materialized') in ('incremental', 'table') -%}
+        analyze {{ this }}
+    {%- endif -%}
+{% endmacro %}

@@ -1,0 +1,57 @@
+{#-
+    The only way project vars reach SQL. A var is never pasted into SQL as it came: it is
+    validated, then rendered as a quoted literal.
+-#}
+
+{#- A SQL string literal: single quotes doubled (standard_conforming_strings is on). -#}
+{% macro sql_literal(value) -%}
+    '{{ (value | string) | replace("'", "''") }}'
+{%- endmacro %}
+
+
+{#- The tenant_id var, validated, or none when every tenant is built. -#}
+{% macro tenant_id_var() %}
+    {%- set tenant_id = var('tenant_id', none) -%}
+    {%- if tenant_id is none or tenant_id == '' -%}
+        {{ return(none) }}
+    {%- endif -%}
+    {#- fullmatch, not match with ^...$: Python's $ also matches before a trailing newline. -#}
+    {%- if tenant_id is not string or modules.re.fullmatch('[a-z][a-z0-9_]{1,62}', tenant_id) is none -%}
+        {{ exceptions.raise_compiler_error(
+            "var tenant_id must match ^[a-z][a-z0-9_]{1,62}$ (got " ~ (tenant_id | string)[:80] ~ ")"
+        ) }}
+    {%- endif -%}
+    {{ return(tenant_id) }}
+{% endmacro %}
+
+
+{#- `<column> = '<tenant>'` when the tenant_id var is set, else `true`. -#}
+{% macro tenant_filter(column='tenant_id') -%}
+    {%- set tenant_id = tenant_id_var() -%}
+    {%- if tenant_id is none -%}
+        true
+    {%- else -%}
+        {{ column }} = {{ sql_literal(tenant_id) }}
+    {%- endif -%}
+{%- endmacro %}
+
+
+{#-
+    The as-of date: the `as_of` var (YYYY-MM-DD) as a date literal, else current_date.
+    Models use this and never now()/current_date directly, so a run is reproducible.
+-#}
+{% macro as_of_date() -%}
+    {%- set as_of = var('as_of', none) -%}
+    {%- if as_of is none or as_of == '' -%}
+        current_date
+    {%- else -%}
+        {#- YAML turns an unquoted 2026-11-30 into a date object; its string form is the same. -#}
+        {%- set as_of_text = as_of | string -%}
+        {%- if modules.re.fullmatch('[0-9]{4}-[0-9]{2}-[0-9]{2}', as_of_text) is none -%}
+            {{ exceptions.raise_compiler_error(
+                "var as_of must be a date YYYY-MM-DD (got " ~ as_of_text[:40] ~ ")"
+            ) }}
+        {%- endif -%}
+        cast({{ sql_literal(as_of_text) }} as date)
+    {%- endif -%}
+{%- endmacro %}

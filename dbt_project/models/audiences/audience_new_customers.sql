@@ -1,0 +1,23 @@
+-- Customers whose first purchase was at most var new_customer_days (30) days before the
+-- as-of date of the last build: onboarding and second-purchase campaigns.
+-- The age comes from the purchase summary (built as of as_of), not from current_date: a
+-- materialized view keeps its SQL, so a date in it would freeze at creation.
+with customers as (
+    select * from {{ ref('customers') }}
+),
+
+purchase_summary as (
+    select * from {{ ref('int_customers__purchase_summary') }}
+    where age_t_days <= {{ var('new_customer_days') | int }}
+)
+
+select
+    {{ audience_identity_columns('customers') }},
+    customers.first_purchase_at,
+    purchase_summary.age_t_days as days_since_first_purchase,
+    customers.purchases,
+    customers.revenue
+from purchase_summary
+inner join customers
+    on purchase_summary.tenant_id = customers.tenant_id
+    and purchase_summary.customer_key = customers.customer_key

@@ -1,0 +1,1 @@
+{{ rfm_audience("About To Sleep") }}

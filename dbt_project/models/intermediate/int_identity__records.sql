@@ -1,0 +1,119 @@
+-- One row per identity record with its normalized identity keys. A record is either
+-- - an order profile: the orders of one buyer (same userProfileId), or a single order
+--   without a userProfileId (a guest checkout VTEX did not profile), or
+-- - a Master Data CL document (the customer's own profile, with the real e-mail).
+-- int_identity__customer_keys links records that share a key into one customer.
+with orders as (
+    select * from {{ ref('stg_vtex__orders') }}
+),
+
+master_data as (
+    select * from {{ ref('stg_vtex__customers') }}
+),
+
+tenants as (
+    select
+        tenant_id,
+        default_country,
+        {{ country_calling_code('default_country') }} as calling_code
+    from {{ ref('stg_cdp__tenants') }}
+),
+
+-- Record ids carry their kind as a prefix. 'cl:' sorts before 'order:' and 'profile:', so
+-- a customer with a CL document keeps the key derived from it as new orders arrive.
+order_identities as (
+    select
+        orders.tenant_id,
+        {{ order_record_id('orders.user_profile_id', 'orders.order_id') }} as record_id,
+        orders.order_id,
+        orders.created_at,
+        orders.user_profile_id,
+        orders.order_email_raw as email_raw,
+        {{ normalize_email('orders.order_email_raw') }} as email_normalized,
+        {{ normalize_document('orders.document') }} as document_normalized,
+        lower(nullif(trim(orders.document_type), '')) as document_type,
+        orders.phone_raw,
+        {{ normalize_phone_e164('orders.phone_raw', 'tenants.calling_code') }} as phone_e164,
+        nullif(trim(orders.first_name), '') as first_name,
+        nullif(trim(orders.last_name), '') as last_name
+    from orders
+    left join tenants on orders.tenant_id = tenants.tenant_id
+),
+
+-- A buyer's orders can disagree (a new phone, a document added later): each key takes the
+-- latest order that has one.
+order_profiles as (
+    select
+        tenant_id,
+        record_id,
+        'order_profile' as record_source,
+        coalesce(max(user_profile_id), max(order_id)) as source_id,
+        max(user_profile_id) as user_profile_id,
+        {{ first_non_null('email_raw', 'created_at desc, order_id desc') }} as email_raw,
+        {{ first_non_null('email_normalized', 'created_at desc, order_id desc') }} as email_normalized,
+        {{ first_non_null('document_normalized', 'created_at desc, order_id desc') }} as document_normalized,
+        (array_agg(document_type order by created_at desc, order_id desc)
+            filter (where document_normalized is not null))[1] as document_type,
+        {{ first_non_null('phone_raw', 'created_at desc, order_id desc') }} as phone_raw,
+        {{ first_non_null('phone_e164', 'created_at desc, order_id desc') }} as phone_e164,
+        {{ first_non_null('first_name', 'created_at desc, order_id desc') }} as first_name,
+        {{ first_non_null('last_name', 'created_at desc, order_id desc') }} as last_name,
+        -- Newsletter consent is the customer's CL choice, not an order attribute.
+        null::boolean as is_newsletter_opt_in,
+        min(created_at) as first_seen_at,
+        max(created_at) as last_seen_at
+    from order_identities
+    group by tenant_id, record_id
+),
+
+master_data_records as (
+    select
+        master_data.tenant_id,
+        'cl:' || master_data.customer_id as record_id,
+        'master_data' as record_source,
+        master_data.customer_id as source_id,
+        -- CL userId is the userProfileId on the customer's orders.
+        master_data.user_id as user_profile_id,
+        master_data.email_raw,
+        {{ normalize_email('master_data.email_raw') }} as email_normalized,
+        {{ normalize_document('master_data.document') }} as document_normalized,
+        lower(nullif(trim(master_data.document_type), '')) as document_type,
+        master_data.phone_raw,
+        {{ normalize_phone_e164('master_data.phone_raw', 'tenants.calling_code') }} as phone_e164,
+        nullif(trim(master_data.first_name), '') as first_name,
+        nullif(trim(master_data.last_name), '') as last_name,
+        master_data.is_newsletter_opt_in,
+        master_data.created_at as first_seen_at,
+        coalesce(master_data.updated_at, master_data.created_at) as last_seen_at
+    from master_data
+    left join tenants on master_data.tenant_id = tenants.tenant_id
+),
+
+records as (
+    select * from order_profiles
+    union all
+    select * from master_data_records
+)
+
+select
+    records.tenant_id,
+    records.record_id,
+    records.record_source,
+    records.source_id,
+    records.user_profile_id,
+    records.email_raw,
+    records.email_normalized,
+    records.document_normalized,
+    -- The type qualifies the document key (a CPF and a CNPJ may share digits).
+    case when records.document_normalized is not null then coalesce(records.document_type, 'unknown') end
+        as document_type,
+    records.phone_raw,
+    records.phone_e164,
+    records.first_name,
+    records.last_name,
+    records.is_newsletter_opt_in,
+    tenants.default_country as country,
+    records.first_seen_at,
+    records.last_seen_at
+from records
+left join tenants on records.tenant_id = tenants.tenant_id

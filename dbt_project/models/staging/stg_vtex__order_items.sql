@@ -1,0 +1,29 @@
+-- One row per order line (items[] of the Get-order document), prices from cents to units.
+with orders as (
+    select * from {{ source('raw_vtex', 'orders') }}
+),
+
+items as (
+    select
+        orders.tenant_id,
+        orders.order_id,
+        -- 0-based, like VTEX's itemIndex in shippingData.logisticsInfo.
+        (item.ordinality - 1)::integer as item_index,
+        item.value as item
+    from orders
+    cross join lateral jsonb_array_elements(
+        case when jsonb_typeof(orders.payload -> 'items') = 'array' then orders.payload -> 'items' else '[]'::jsonb end
+    ) with ordinality as item (value, ordinality)
+)
+
+select
+    tenant_id,
+    order_id,
+    item_index,
+    item ->> 'id' as sku_id,
+    item ->> 'productId' as product_id,
+    (item ->> 'quantity')::integer as quantity,
+    ((item ->> 'price')::numeric / 100)::numeric(18, 2) as unit_price,
+    ((item ->> 'sellingPrice')::numeric / 100)::numeric(18, 2) as selling_price,
+    ((item ->> 'sellingPrice')::numeric * (item ->> 'quantity')::numeric / 100)::numeric(18, 2) as line_total
+from items

@@ -1,0 +1,175 @@
+"""Analytics end to end: sandbox -> VTEX assets -> dbt models, CLV fit, churn, audiences."""
+
+from __future__ import annotations
+
+from datetime import date
+
+import dagster as dg
+import pytest
+from support import register, sync
+
+from cdp_assets.analytics.assets import (
+    customer_predictions,
+    dbt_audiences,
+    dbt_tenant_models,
+    dbt_tenant_scoring,
+)
+from cdp_assets.analytics.dbt_project import dbt_resource
+from cdp_assets.lib.warehouse import WarehouseResource
+from cdp_assets.sandbox import SandboxProcess, StoreSpec
+
+SEGMENTS = {
+    "Champions",
+    "Loyal Customers",
+    "Potential Loyalist",
+    "New Customers",
+    "Promising",
+    "Need Attention",
+    "About To Sleep",
+    "At Risk",
+    "Can't Lose Them",
+    "Hibernating",
+    "Lost",
+}
+# A store large enough for the BG/NBD fit, and one too small for a fit or for segments.
+BIG = StoreSpec(
+    account="bigshop",
+    seed=7,
+    customers=1500,
+    orders=6000,
+    products=80,
+    history_start=date(2023, 1, 1),
+)
+TINY = StoreSpec(
+    account="tinyshop", seed=8, customers=12, orders=30, products=10, history_start=date(2025, 1, 1)
+)
+TENANTS = {"an_big": BIG, "an_tiny": TINY}
+
+
+def resources() -> dict:
+    return {"dbt": dbt_resource(), "warehouse": WarehouseResource()}
+
+
+def refresh_tenant(instance: dg.DagsterInstance, tenant_id: str) -> dg.ExecuteInProcessResult:
+    return dg.materialize(
+        [dbt_tenant_models, customer_predictions, dbt_tenant_scoring],
+        partition_key=tenant_id,
+        instance=instance,
+        resources=resources(),
+    )
+
+
+@pytest.fixture(scope="module")
+def analytics(warehouse_url, instance):
+    """Both tenants ingested and analysed, audiences refreshed; the per-tenant results."""
+    import psycopg
+
+    results = {}
+    with SandboxProcess(list(TENANTS.values())) as sandbox, psycopg.connect(warehouse_url) as conn:
+        for tenant_id, spec in TENANTS.items():
+            register(conn, tenant_id, spec.account, history_start=spec.history_start)
+            sync(instance, sandbox, tenant_id)
+    for tenant_id in TENANTS:
+        results[tenant_id] = refresh_tenant(instance, tenant_id)
+    results["audiences"] = dg.materialize([dbt_audiences], instance=instance, resources=resources())
+    return results
+
+
+def materialization(result: dg.ExecuteInProcessResult, asset: str) -> dict:
+    for event in result.get_asset_materialization_events():
+        if event.asset_key == dg.AssetKey(asset):
+            return {k: v.value for k, v in event.materialization.metadata.items()}
+    raise AssertionError(f"{asset} was not materialized")
+
+
+def test_customers_and_segments_per_tenant(analytics, conn):
+    (big_customers,) = conn.execute(
+        "SELECT count(*) FROM marts.customers WHERE tenant_id = 'an_big'"
+    ).fetchone()
+    assert big_customers > 100
+    segments = dict(
+        conn.execute(
+            "SELECT segment, count(*) FROM marts.rfm_segments WHERE tenant_id = 'an_big' GROUP BY 1"
+        ).fetchall()
+    )
+    assert set(segments) <= SEGMENTS and len(segments) >= 6
+    assert sum(segments.values()) == big_customers
+    # Too few customers for quintiles: no segments rather than noise.
+    (tiny_segmented,) = conn.execute(
+        "SELECT count(*) FROM marts.rfm_segments WHERE tenant_id = 'an_tiny'"
+    ).fetchone()
+    assert tiny_segmented == 0
+    meta = materialization(analytics["an_big"], "rfm_segments")
+    assert sum(v for k, v in meta.items() if k.startswith("segment_size/")) == big_customers
+
+
+def test_the_fit_where_data_allows_and_the_fallback_where_not(analytics, conn):
+    models = dict(
+        conn.execute(
+            "SELECT tenant_id, string_agg(DISTINCT model, ',')"
+            " FROM analytics_python.customer_predictions"
+            " WHERE tenant_id IN ('an_big', 'an_tiny') GROUP BY 1"
+        ).fetchall()
+    )
+    assert models == {"an_big": "bgnbd_gamma_gamma", "an_tiny": "heuristic"}
+    big = materialization(analytics["an_big"], "customer_predictions")
+    assert big["bgnbd_r"] > 0 and big["gg_q"] > 1 and big["clv_1y_total"] > 0
+    tiny = materialization(analytics["an_tiny"], "customer_predictions")
+    assert "repeat customers" in tiny["fallback_reason"]
+    (bad,) = conn.execute(
+        "SELECT count(*) FROM analytics_python.customer_predictions"
+        " WHERE p_alive NOT BETWEEN 0 AND 1 OR clv_1y < 0 OR clv_3y < clv_1y OR clv_5y < clv_3y"
+    ).fetchone()
+    assert bad == 0
+
+
+def test_churn_bands_cover_every_customer(analytics, conn):
+    rows = dict(
+        conn.execute(
+            "SELECT churn_band, count(*) FROM marts.churn_risk"
+            " WHERE tenant_id = 'an_big' GROUP BY 1"
+        ).fetchall()
+    )
+    (customers,) = conn.execute(
+        "SELECT count(*) FROM marts.customers WHERE tenant_id = 'an_big'"
+    ).fetchone()
+    assert set(rows) <= {"low", "medium", "high", "lost"} and sum(rows.values()) == customers
+
+
+def test_audiences_hold_only_hashes_of_their_own_tenant(analytics, conn):
+    audiences = conn.execute(
+        "SELECT audience, tenant_id, members FROM audiences.audience_catalog"
+    ).fetchall()
+    assert {a for a, _, _ in audiences} >= {"audience_rfm_champions", "audience_high_churn_risk"}
+    for audience, tenant_id, members in audiences:
+        rows = conn.execute(
+            f"SELECT count(*), count(*) FILTER (WHERE email_sha256 !~ '^[0-9a-f]{{64}}$'),"
+            f" count(*) FILTER (WHERE customer_key NOT IN"
+            f"   (SELECT customer_key FROM marts.customers c WHERE c.tenant_id = a.tenant_id))"
+            f" FROM audiences.{audience} a WHERE tenant_id = %s",
+            (tenant_id,),
+        ).fetchone()
+        assert rows == (members, 0, 0), audience
+    # Every hashed e-mail of a tenant's audiences is the hash of one of its own customers' e-mails.
+    (foreign,) = conn.execute(
+        """
+        SELECT count(*) FROM audiences.audience_rfm_champions a
+         WHERE a.email_sha256 IS NOT NULL AND NOT EXISTS (
+               SELECT 1 FROM marts.customers c
+                WHERE c.tenant_id = a.tenant_id
+                  AND encode(sha256(convert_to(c.email, 'UTF8')), 'hex') = a.email_sha256)
+        """
+    ).fetchone()
+    assert foreign == 0
+
+
+def test_refreshing_one_tenant_leaves_the_others_untouched(analytics, conn, instance):
+    def fingerprint() -> tuple:
+        return conn.execute(
+            "SELECT md5(string_agg(s::text, '' ORDER BY customer_key)) FROM marts.rfm_segments s"
+            " WHERE tenant_id = 'an_big'"
+        ).fetchone()
+
+    before = fingerprint()
+    refresh_tenant(instance, "an_tiny")
+    assert fingerprint() == before
