@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 from datetime import date
 
 import dagster as dg
 import psycopg
 
+from cdp_assets.analytics.dbt_project import DBT_EXECUTABLE, DBT_PROJECT_DIR, dbt_connection_env
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.partitions import order_months, tenant_month_range_tags, tenants
 from cdp_assets.sandbox import SandboxProcess, credentials_for
@@ -82,3 +85,49 @@ def sync(
 def metadata(result: dg.ExecuteInProcessResult) -> dict[str, float]:
     (event,) = result.get_asset_materialization_events()[:1]
     return {k: v.value for k, v in event.materialization.metadata.items()}
+
+
+def dbt_build(warehouse_url: str, tenant_id: str, select: str, as_of: str) -> None:
+    """`dbt build` of one tenant's models as of a date, as an analyst would run it."""
+    env = {**os.environ, **dbt_connection_env(warehouse_url), "DO_NOT_TRACK": "1"}
+    command = [
+        DBT_EXECUTABLE,
+        "build",
+        "--select",
+        select,
+        "--vars",
+        json.dumps({"tenant_id": tenant_id, "as_of": as_of}),
+        "--profiles-dir",
+        str(DBT_PROJECT_DIR),
+        "--project-dir",
+        str(DBT_PROJECT_DIR),
+    ]
+    done = subprocess.run(command, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-3000:]
+
+
+HOLDOUT_RATES_SQL = """
+SELECT risk.churn_band, count(*),
+       avg((EXISTS (SELECT 1 FROM intermediate.int_orders__purchases p
+                     WHERE p.tenant_id = risk.tenant_id AND p.customer_key = risk.customer_key
+                       AND p.is_purchase AND p.order_date > %(calibration_end)s))::int)
+  FROM marts.churn_risk risk WHERE risk.tenant_id = %(tenant)s GROUP BY 1
+"""
+RISK_BANDS = ("low", "medium", "high", "lost")
+
+
+def holdout_repurchase_rates(
+    conn: psycopg.Connection, tenant_id: str, calibration_end: str
+) -> dict[str, tuple[int, float]]:
+    """Per churn band (computed as of `calibration_end`): customers, and the share of them
+    who bought again after it."""
+    rows = conn.execute(
+        HOLDOUT_RATES_SQL, {"calibration_end": calibration_end, "tenant": tenant_id}
+    )
+    return {band: (n, float(rate)) for band, n, rate in rows}
+
+
+def assert_bands_rank_repurchase(rates: dict[str, tuple[int, float]]) -> None:
+    observed = [rates[band][1] for band in RISK_BANDS if band in rates]
+    assert len(observed) >= 3, rates
+    assert observed == sorted(observed, reverse=True), rates

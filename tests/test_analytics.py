@@ -6,7 +6,13 @@ from datetime import date
 
 import dagster as dg
 import pytest
-from support import register, sync
+from support import (
+    assert_bands_rank_repurchase,
+    dbt_build,
+    holdout_repurchase_rates,
+    register,
+    sync,
+)
 
 from cdp_assets.analytics.assets import (
     customer_predictions,
@@ -44,6 +50,10 @@ TINY = StoreSpec(
     account="tinyshop", seed=8, customers=12, orders=30, products=10, history_start=date(2025, 1, 1)
 )
 TENANTS = {"an_big": BIG, "an_tiny": TINY}
+# The big store again, as its own tenant, for the churn holdout check (which rebuilds its
+# models as of an earlier date).
+HOLDOUT_TENANT = "an_holdout"
+CALIBRATION_END = "2026-05-31"
 
 
 def resources() -> dict:
@@ -66,7 +76,7 @@ def analytics(warehouse_url, instance):
 
     results = {}
     with SandboxProcess(list(TENANTS.values())) as sandbox, psycopg.connect(warehouse_url) as conn:
-        for tenant_id, spec in TENANTS.items():
+        for tenant_id, spec in {**TENANTS, HOLDOUT_TENANT: BIG}.items():
             register(conn, tenant_id, spec.account, history_start=spec.history_start)
             sync(instance, sandbox, tenant_id)
     for tenant_id in TENANTS:
@@ -173,3 +183,19 @@ def test_refreshing_one_tenant_leaves_the_others_untouched(analytics, conn, inst
     before = fingerprint()
     refresh_tenant(instance, "an_tiny")
     assert fingerprint() == before
+
+
+def test_churn_bands_rank_the_holdout_repurchase_rate(analytics, conn, instance, warehouse_url):
+    """Bands as of six months before the store's last day; the repurchase rate over those
+    six months must fall from the lowest to the highest risk band."""
+    dbt_build(warehouse_url, HOLDOUT_TENANT, "+int_customers__purchase_summary", CALIBRATION_END)
+    dg.materialize(
+        [customer_predictions],
+        partition_key=HOLDOUT_TENANT,
+        instance=instance,
+        resources=resources(),
+    )
+    dbt_build(warehouse_url, HOLDOUT_TENANT, "+churn_risk", CALIBRATION_END)
+    rates = holdout_repurchase_rates(conn, HOLDOUT_TENANT, CALIBRATION_END)
+    print("synthetic holdout repurchase rate by band:", rates)
+    assert_bands_rank_repurchase(rates)

@@ -9,18 +9,15 @@ from __future__ import annotations
 
 import csv
 import importlib.util
-import json
-import os
-import subprocess
 from datetime import UTC, datetime
 from pathlib import Path
 
 import dagster as dg
 import orjson
 import pytest
+from support import assert_bands_rank_repurchase, dbt_build, holdout_repurchase_rates
 
 from cdp_assets.analytics.assets import customer_predictions
-from cdp_assets.analytics.dbt_project import DBT_EXECUTABLE, DBT_PROJECT_DIR, dbt_connection_env
 from cdp_assets.lib.upsert import upsert_documents
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.tenants.registry import Tenant, add_tenant
@@ -53,24 +50,6 @@ def cdnow_orders() -> list[tuple]:
     return rows
 
 
-def dbt_build(warehouse_url: str, select: str, as_of: str) -> None:
-    env = {**os.environ, **dbt_connection_env(warehouse_url), "DO_NOT_TRACK": "1"}
-    command = [
-        DBT_EXECUTABLE,
-        "build",
-        "--select",
-        select,
-        "--vars",
-        json.dumps({"tenant_id": TENANT, "as_of": as_of}),
-        "--profiles-dir",
-        str(DBT_PROJECT_DIR),
-        "--project-dir",
-        str(DBT_PROJECT_DIR),
-    ]
-    done = subprocess.run(command, env=env, capture_output=True, text=True)
-    assert done.returncode == 0, done.stdout[-3000:]
-
-
 @pytest.fixture(scope="module")
 def cdnow(warehouse_url):
     import psycopg
@@ -88,7 +67,7 @@ def published_summary() -> list[tuple[int, float, float]]:
 
 
 def test_the_dbt_summary_reproduces_the_published_cdnow_summary(cdnow, conn):
-    dbt_build(cdnow, "+int_customers__purchase_summary", CALIBRATION_END)
+    dbt_build(cdnow, TENANT, "+int_customers__purchase_summary", CALIBRATION_END)
     rows = conn.execute(
         "SELECT frequency_x, recency_t_x_days, age_t_days"
         "  FROM intermediate.int_customers__purchase_summary WHERE tenant_id = %s",
@@ -102,7 +81,7 @@ def test_the_dbt_summary_reproduces_the_published_cdnow_summary(cdnow, conn):
 
 
 def test_the_predictions_asset_finds_the_published_cdnow_parameters(cdnow, conn, instance):
-    dbt_build(cdnow, "+int_customers__purchase_summary", CALIBRATION_END)
+    dbt_build(cdnow, TENANT, "+int_customers__purchase_summary", CALIBRATION_END)
     instance.add_dynamic_partitions("tenants", [TENANT])
     result = dg.materialize(
         [customer_predictions],
@@ -124,3 +103,20 @@ def test_the_predictions_asset_finds_the_published_cdnow_parameters(cdnow, conn,
     assert meta["gg_p"] == pytest.approx(6.25, rel=0.01)
     assert meta["gg_q"] == pytest.approx(3.74, rel=0.01)
     assert meta["gg_gamma"] == pytest.approx(15.44, rel=0.01)
+
+
+def test_churn_bands_rank_the_holdout_repurchase_rate(cdnow, conn, instance):
+    """Bands as of the end of calibration; the 39-week holdout's repurchase rate must fall
+    from the lowest to the highest risk band."""
+    dbt_build(cdnow, TENANT, "+int_customers__purchase_summary", CALIBRATION_END)
+    instance.add_dynamic_partitions("tenants", [TENANT])
+    dg.materialize(
+        [customer_predictions],
+        partition_key=TENANT,
+        instance=instance,
+        resources={"warehouse": WarehouseResource()},
+    )
+    dbt_build(cdnow, TENANT, "+churn_risk", CALIBRATION_END)
+    rates = holdout_repurchase_rates(conn, TENANT, CALIBRATION_END)
+    print("CDNOW holdout repurchase rate by band:", rates)
+    assert_bands_rank_repurchase(rates)
