@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import time
@@ -15,6 +16,7 @@ import psycopg
 from cdp_assets.analytics.definitions import ANALYTICS_JOB, AUDIENCES_JOB
 from cdp_assets.definitions import defs
 from cdp_assets.lib.dagster_home import prepare_dagster_home
+from cdp_assets.lib.database import cdp_home
 from cdp_assets.lib.warehouse import migrated_url
 from cdp_assets.partitions import order_months, tenant_month_range_tags, tenants
 from cdp_assets.sandbox import SandboxProcess, StoreSpec, credentials_for
@@ -136,11 +138,16 @@ def run_job(
     instance: dg.DagsterInstance, job_name: str, label: str, echo: Callable[[str], None], **run
 ) -> None:
     started = time.monotonic()
-    result = defs.resolve_job_def(job_name).execute_in_process(
-        instance=instance, run_config=QUIET, **run
-    )
+    # dbt's own console lines go to a file; the run's events are in Dagster either way.
+    with open(cdp_home() / "demo-output.log", "a") as log, contextlib.redirect_stdout(log):
+        result = defs.resolve_job_def(job_name).execute_in_process(
+            instance=instance, run_config=QUIET, raise_on_error=False, **run
+        )
     if not result.success:
-        raise RuntimeError(f"{job_name} failed ({label})")
+        raise RuntimeError(
+            f"{job_name} failed ({label}); see run {result.run_id} in `cdp dev` or"
+            f" {cdp_home() / 'demo-output.log'}"
+        )
     echo(f"  {label}: {job_name} done in {time.monotonic() - started:.1f} s")
 
 

@@ -87,16 +87,12 @@ def metadata(result: dg.ExecuteInProcessResult) -> dict[str, float]:
     return {k: v.value for k, v in event.materialization.metadata.items()}
 
 
-def dbt_build(warehouse_url: str, tenant_id: str, select: str, as_of: str) -> None:
-    """`dbt build` of one tenant's models as of a date, as an analyst would run it."""
+def run_dbt(warehouse_url: str, *args: str) -> str:
+    """Run dbt on the project against the test database, as an analyst would; its output."""
     env = {**os.environ, **dbt_connection_env(warehouse_url), "DO_NOT_TRACK": "1"}
     command = [
         DBT_EXECUTABLE,
-        "build",
-        "--select",
-        select,
-        "--vars",
-        json.dumps({"tenant_id": tenant_id, "as_of": as_of}),
+        *args,
         "--profiles-dir",
         str(DBT_PROJECT_DIR),
         "--project-dir",
@@ -104,6 +100,19 @@ def dbt_build(warehouse_url: str, tenant_id: str, select: str, as_of: str) -> No
     ]
     done = subprocess.run(command, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout[-3000:]
+    return done.stdout
+
+
+def dbt_build(warehouse_url: str, tenant_id: str, select: str, as_of: str) -> None:
+    """`dbt build` of one tenant's models as of a date."""
+    run_dbt(
+        warehouse_url,
+        "build",
+        "--select",
+        select,
+        "--vars",
+        json.dumps({"tenant_id": tenant_id, "as_of": as_of}),
+    )
 
 
 HOLDOUT_RATES_SQL = """

@@ -11,6 +11,7 @@ from support import (
     dbt_build,
     holdout_repurchase_rates,
     register,
+    run_dbt,
     sync,
 )
 
@@ -171,6 +172,13 @@ def test_audiences_hold_only_hashes_of_their_own_tenant(analytics, conn):
         """
     ).fetchone()
     assert foreign == 0
+
+
+def test_dbt_unit_tests_pass(analytics, warehouse_url):
+    """The SQL's own unit tests (RFM table, purchase statuses, identity rules, e-mail and
+    phone normalization, churn bands), which scheduled runs skip."""
+    output = run_dbt(warehouse_url, "test", "--select", "test_type:unit")
+    assert "ERROR=0" in output and "PASS=0" not in output
 
 
 def test_refreshing_one_tenant_leaves_the_others_untouched(analytics, conn, instance):
