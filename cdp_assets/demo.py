@@ -13,7 +13,7 @@ from datetime import UTC, date, datetime
 import dagster as dg
 import psycopg
 
-from cdp_assets.analytics.definitions import ANALYTICS_JOB, AUDIENCES_JOB
+from cdp_assets.analytics.jobs import ANALYTICS_JOB, AUDIENCES_JOB
 from cdp_assets.definitions import defs
 from cdp_assets.lib.dagster_home import prepare_dagster_home
 from cdp_assets.lib.database import cdp_home
@@ -22,7 +22,7 @@ from cdp_assets.partitions import order_months, tenant_month_range_tags, tenants
 from cdp_assets.sandbox import SandboxProcess, StoreSpec, credentials_for
 from cdp_assets.tenants.registry import Tenant, add_tenant
 from cdp_assets.tenants.sensors import plan_tenant_partitions
-from cdp_assets.vtex.definitions import ORDERS_SYNC_JOB, TENANT_SYNC_JOB
+from cdp_assets.vtex.jobs import ORDERS_SYNC_JOB, TENANT_SYNC_JOB
 
 # The stores hold orders since 2020; the demo syncs from 2025 so the older months show as
 # missing in the UI's partition view, ready to be backfilled from there.

@@ -7,27 +7,14 @@ from cdp_assets.analytics.assets import (
     dbt_tenant_scoring,
 )
 from cdp_assets.analytics.dbt_project import dbt_resource
-from cdp_assets.partitions import tenants
-
-ANALYTICS_JOB = "analytics_tenant_refresh"
-AUDIENCES_JOB = "audiences_refresh"
-
-analytics_tenant_refresh = dg.define_asset_job(
-    ANALYTICS_JOB,
-    selection=dg.AssetSelection.assets(dbt_tenant_models, customer_predictions, dbt_tenant_scoring),
-    partitions_def=tenants,
-    description="One tenant's dbt models, CLV fit and churn risk.",
-)
-audiences_refresh = dg.define_asset_job(
-    AUDIENCES_JOB,
-    selection=dg.AssetSelection.assets(dbt_audiences),
-    description="Refresh every audience materialized view (all tenants).",
-)
+from cdp_assets.analytics.jobs import analytics_tenant_refresh, audiences_refresh
+from cdp_assets.analytics.schedules import audiences_every_48_hours
 
 
 def defs() -> dg.Definitions:
     return dg.Definitions(
         assets=[dbt_tenant_models, customer_predictions, dbt_tenant_scoring, dbt_audiences],
         jobs=[analytics_tenant_refresh, audiences_refresh],
+        schedules=[audiences_every_48_hours],
         resources={"dbt": dbt_resource()},
     )

@@ -1,29 +1,15 @@
 import dagster as dg
 
-from cdp_assets.partitions import tenant_months, tenants
 from cdp_assets.vtex.assets import vtex_customers, vtex_orders, vtex_products, vtex_skus
+from cdp_assets.vtex.jobs import vtex_orders_sync, vtex_tenant_sync
 from cdp_assets.vtex.resources import VtexResource
-
-TENANT_SYNC_JOB = "vtex_tenant_sync"
-ORDERS_SYNC_JOB = "vtex_orders_sync"
-
-vtex_tenant_sync = dg.define_asset_job(
-    TENANT_SYNC_JOB,
-    selection=[vtex_products, vtex_skus, vtex_customers],
-    partitions_def=tenants,
-    description="Catalog and Master Data customers of one tenant.",
-)
-vtex_orders_sync = dg.define_asset_job(
-    ORDERS_SYNC_JOB,
-    selection=[vtex_orders],
-    partitions_def=tenant_months,
-    description="Orders of one tenant and month (or a range of months).",
-)
+from cdp_assets.vtex.schedules import vtex_catalog_daily, vtex_orders_twice_daily
 
 
 def defs() -> dg.Definitions:
     return dg.Definitions(
         assets=[vtex_orders, vtex_products, vtex_skus, vtex_customers],
         jobs=[vtex_tenant_sync, vtex_orders_sync],
+        schedules=[vtex_orders_twice_daily, vtex_catalog_daily],
         resources={"vtex": VtexResource()},
     )

@@ -1,0 +1,85 @@
+from datetime import date, datetime, timedelta
+from zoneinfo import ZoneInfo
+
+import dagster as dg
+import pytest
+
+from cdp_assets.analytics.schedules import audiences_every_48_hours
+from cdp_assets.lib.warehouse import WarehouseResource
+from cdp_assets.partitions import tenants
+from cdp_assets.tenants.registry import Tenant, add_tenant
+from cdp_assets.vtex.schedules import vtex_catalog_daily, vtex_orders_twice_daily
+
+BUENOS_AIRES = ZoneInfo("America/Argentina/Buenos_Aires")
+
+
+@pytest.fixture
+def scheduled_tenants(conn, instance) -> None:
+    """Two active tenants (priority 5 and 1), an inactive one, and one not yet a partition."""
+    for tenant_id, priority, active in (
+        ("sched_a", 5, True),
+        ("sched_b", 1, True),
+        ("sched_c", 0, False),
+        ("sched_d", 2, True),
+    ):
+        add_tenant(conn, Tenant(tenant_id, "shop", "K", "T", priority=priority, active=active))
+    conn.commit()
+    instance.add_dynamic_partitions(tenants.name, ["sched_a", "sched_b", "sched_c"])
+
+
+def tick(schedule, instance, when: datetime) -> list[dg.RunRequest]:
+    context = dg.build_schedule_context(
+        instance=instance,
+        scheduled_execution_time=when,
+        resources={"warehouse": WarehouseResource()},
+    )
+    result = schedule(context)
+    requests = result if isinstance(result, list) else []
+    return [r for r in requests if "sched_" in str(r.partition_key)]
+
+
+def test_orders_sync_covers_the_last_48_hours_across_a_month_end(scheduled_tenants, instance):
+    requests = tick(
+        vtex_orders_twice_daily, instance, datetime(2026, 12, 1, 6, tzinfo=BUENOS_AIRES)
+    )
+    keys = [
+        (r.partition_key.keys_by_dimension["tenant"], r.partition_key.keys_by_dimension["month"])
+        for r in requests
+    ]
+    # Priority order (sched_b first), both months the 48 hours touch; no inactive tenant
+    # and no tenant the sensor has not made a partition yet.
+    assert keys == [
+        ("sched_b", "2026-11-01"),
+        ("sched_b", "2026-12-01"),
+        ("sched_a", "2026-11-01"),
+        ("sched_a", "2026-12-01"),
+    ]
+    assert [r.tags["dagster/priority"] for r in requests] == ["-1", "-1", "-5", "-5"]
+    assert len({r.run_key for r in requests}) == 4
+
+    mid_month = tick(
+        vtex_orders_twice_daily, instance, datetime(2026, 12, 15, 18, tzinfo=BUENOS_AIRES)
+    )
+    assert {r.partition_key.keys_by_dimension["month"] for r in mid_month} == {"2026-12-01"}
+    assert vtex_orders_twice_daily.cron_schedule == "0 6,18 * * *"
+    assert vtex_orders_twice_daily.execution_timezone == "America/Argentina/Buenos_Aires"
+
+
+def test_catalog_sync_at_five_per_active_tenant(scheduled_tenants, instance):
+    requests = tick(vtex_catalog_daily, instance, datetime(2026, 12, 2, 5, tzinfo=BUENOS_AIRES))
+    assert [r.partition_key for r in requests] == ["sched_b", "sched_a"]
+    assert vtex_catalog_daily.cron_schedule == "0 5 * * *"
+
+
+def test_audiences_keep_a_48_hour_rhythm_across_month_and_year_ends(instance):
+    run_days = []
+    day = date(2026, 12, 20)
+    while day < date(2027, 3, 10):
+        when = datetime(day.year, day.month, day.day, 10, tzinfo=BUENOS_AIRES)
+        context = dg.build_schedule_context(instance=instance, scheduled_execution_time=when)
+        if isinstance(audiences_every_48_hours(context), dg.RunRequest):
+            run_days.append(day)
+        day += timedelta(days=1)
+    gaps = {b - a for a, b in zip(run_days, run_days[1:], strict=False)}
+    assert gaps == {timedelta(days=2)}
+    assert len(run_days) >= 39
