@@ -35,12 +35,24 @@ def conn(warehouse_url: str) -> Iterator[psycopg.Connection]:
         yield connection
 
 
-@pytest.fixture(scope="session")
-def instance(warehouse_url: str) -> Iterator[dg.DagsterInstance]:
+def postgres_instance(warehouse_url: str):
     """A Dagster instance whose run and event storage is the test database."""
     overrides = {
         "storage": {"postgres": {"postgres_url": sqlalchemy_url(warehouse_url)}},
         "telemetry": {"enabled": False},
     }
-    with dg.instance_for_test(overrides=overrides) as test_instance:
+    return dg.instance_for_test(overrides=overrides)
+
+
+@pytest.fixture(scope="session")
+def instance(warehouse_url: str) -> Iterator[dg.DagsterInstance]:
+    with postgres_instance(warehouse_url) as test_instance:
+        yield test_instance
+
+
+@pytest.fixture
+def own_instance(warehouse_url: str) -> Iterator[dg.DagsterInstance]:
+    """An instance of the test's own, for contexts that dispose the instance they were given
+    (schedule and sensor contexts rebuild it from its ref and dispose it on exit)."""
+    with postgres_instance(warehouse_url) as test_instance:
         yield test_instance

@@ -14,7 +14,7 @@ BUENOS_AIRES = ZoneInfo("America/Argentina/Buenos_Aires")
 
 
 @pytest.fixture
-def scheduled_tenants(conn, instance) -> None:
+def scheduled_tenants(conn, own_instance) -> None:
     """Two active tenants (priority 5 and 1), an inactive one, and one not yet a partition."""
     for tenant_id, priority, active in (
         ("sched_a", 5, True),
@@ -24,7 +24,7 @@ def scheduled_tenants(conn, instance) -> None:
     ):
         add_tenant(conn, Tenant(tenant_id, "shop", "K", "T", priority=priority, active=active))
     conn.commit()
-    instance.add_dynamic_partitions(tenants.name, ["sched_a", "sched_b", "sched_c"])
+    own_instance.add_dynamic_partitions(tenants.name, ["sched_a", "sched_b", "sched_c"])
 
 
 def tick(schedule, instance, when: datetime) -> list[dg.RunRequest]:
@@ -38,9 +38,9 @@ def tick(schedule, instance, when: datetime) -> list[dg.RunRequest]:
     return [r for r in requests if "sched_" in str(r.partition_key)]
 
 
-def test_orders_sync_covers_the_last_48_hours_across_a_month_end(scheduled_tenants, instance):
+def test_orders_sync_covers_the_last_48_hours_across_a_month_end(scheduled_tenants, own_instance):
     requests = tick(
-        vtex_orders_twice_daily, instance, datetime(2026, 12, 1, 6, tzinfo=BUENOS_AIRES)
+        vtex_orders_twice_daily, own_instance, datetime(2026, 12, 1, 6, tzinfo=BUENOS_AIRES)
     )
     keys = [
         (r.partition_key.keys_by_dimension["tenant"], r.partition_key.keys_by_dimension["month"])
@@ -58,27 +58,29 @@ def test_orders_sync_covers_the_last_48_hours_across_a_month_end(scheduled_tenan
     assert len({r.run_key for r in requests}) == 4
 
     mid_month = tick(
-        vtex_orders_twice_daily, instance, datetime(2026, 12, 15, 18, tzinfo=BUENOS_AIRES)
+        vtex_orders_twice_daily, own_instance, datetime(2026, 12, 15, 18, tzinfo=BUENOS_AIRES)
     )
     assert {r.partition_key.keys_by_dimension["month"] for r in mid_month} == {"2026-12-01"}
     assert vtex_orders_twice_daily.cron_schedule == "0 6,18 * * *"
     assert vtex_orders_twice_daily.execution_timezone == "America/Argentina/Buenos_Aires"
 
 
-def test_catalog_sync_at_five_per_active_tenant(scheduled_tenants, instance):
-    requests = tick(vtex_catalog_daily, instance, datetime(2026, 12, 2, 5, tzinfo=BUENOS_AIRES))
+def test_catalog_sync_at_five_per_active_tenant(scheduled_tenants, own_instance):
+    requests = tick(vtex_catalog_daily, own_instance, datetime(2026, 12, 2, 5, tzinfo=BUENOS_AIRES))
     assert [r.partition_key for r in requests] == ["sched_b", "sched_a"]
     assert vtex_catalog_daily.cron_schedule == "0 5 * * *"
 
 
-def test_audiences_keep_a_48_hour_rhythm_across_month_and_year_ends(instance):
+def test_audiences_keep_a_48_hour_rhythm_across_month_and_year_ends(own_instance):
     run_days = []
     day = date(2026, 12, 20)
     while day < date(2027, 3, 10):
         when = datetime(day.year, day.month, day.day, 10, tzinfo=BUENOS_AIRES)
-        context = dg.build_schedule_context(instance=instance, scheduled_execution_time=when)
-        if isinstance(audiences_every_48_hours(context), dg.RunRequest):
-            run_days.append(day)
+        with dg.build_schedule_context(
+            instance=own_instance, scheduled_execution_time=when
+        ) as context:
+            if isinstance(audiences_every_48_hours(context), dg.RunRequest):
+                run_days.append(day)
         day += timedelta(days=1)
     gaps = {b - a for a, b in zip(run_days, run_days[1:], strict=False)}
     assert gaps == {timedelta(days=2)}
