@@ -6,18 +6,12 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
-from urllib.parse import urlsplit
 
 import dagster as dg
 import psycopg
 import pytest
 
-from cdp_assets.lib.database import (
-    database_url,
-    ensure_database,
-    sqlalchemy_url,
-    with_database,
-)
+from cdp_assets.lib.database import database_url, sqlalchemy_url, with_database
 from cdp_assets.lib.warehouse import migrated_url
 
 
@@ -32,8 +26,7 @@ def warehouse_url() -> Iterator[str]:
     yield url
     os.environ["DATABASE_URL"] = server_url
     with psycopg.connect(with_database(server_url, "postgres"), autocommit=True) as conn:
-        for database in (name, f"{name}_contexts"):
-            conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @pytest.fixture
@@ -47,21 +40,6 @@ def instance(warehouse_url: str) -> Iterator[dg.DagsterInstance]:
     """A Dagster instance whose run and event storage is the test database."""
     overrides = {
         "storage": {"postgres": {"postgres_url": sqlalchemy_url(warehouse_url)}},
-        "telemetry": {"enabled": False},
-    }
-    with dg.instance_for_test(overrides=overrides) as test_instance:
-        yield test_instance
-
-
-@pytest.fixture
-def own_instance(warehouse_url: str) -> Iterator[dg.DagsterInstance]:
-    """A Dagster instance in a database of its own, for schedule and sensor contexts: they
-    rebuild the instance they are given from its ref and dispose it on exit, which, done
-    to an instance sharing the session's storage, breaks every later run of the session."""
-    url = with_database(warehouse_url, urlsplit(warehouse_url).path.lstrip("/") + "_contexts")
-    ensure_database(url)
-    overrides = {
-        "storage": {"postgres": {"postgres_url": sqlalchemy_url(url)}},
         "telemetry": {"enabled": False},
     }
     with dg.instance_for_test(overrides=overrides) as test_instance:

@@ -5,17 +5,23 @@ import dagster as dg
 import pytest
 
 from cdp_assets.analytics.schedules import audiences_every_48_hours
-from cdp_assets.lib.warehouse import WarehouseResource
-from cdp_assets.partitions import tenants
-from cdp_assets.tenants.registry import Tenant, add_tenant
-from cdp_assets.vtex.schedules import vtex_catalog_daily, vtex_orders_twice_daily
+from cdp_assets.definitions import defs
+from cdp_assets.tenants.registry import Tenant, add_tenant, list_tenants
+from cdp_assets.vtex.schedules import (
+    catalog_sync_requests,
+    order_sync_requests,
+    vtex_catalog_daily,
+    vtex_orders_twice_daily,
+    with_partitions,
+)
 
 BUENOS_AIRES = ZoneInfo("America/Argentina/Buenos_Aires")
 
 
 @pytest.fixture
-def scheduled_tenants(conn, own_instance) -> None:
-    """Two active tenants (priority 5 and 1), an inactive one, and one not yet a partition."""
+def scheduled_tenants(conn) -> list:
+    """Two active tenants (priority 5 and 1), an inactive one, and one not yet a partition;
+    what the schedules see: active rows that have a partition."""
     for tenant_id, priority, active in (
         ("sched_a", 5, True),
         ("sched_b", 1, True),
@@ -24,24 +30,12 @@ def scheduled_tenants(conn, own_instance) -> None:
     ):
         add_tenant(conn, Tenant(tenant_id, "shop", "K", "T", priority=priority, active=active))
     conn.commit()
-    own_instance.add_dynamic_partitions(tenants.name, ["sched_a", "sched_b", "sched_c"])
+    rows = [t for t in list_tenants(conn, active_only=True) if t.tenant_id.startswith("sched_")]
+    return with_partitions(rows, {"sched_a", "sched_b", "sched_c"})
 
 
-def tick(schedule, instance, when: datetime) -> list[dg.RunRequest]:
-    context = dg.build_schedule_context(
-        instance=instance,
-        scheduled_execution_time=when,
-        resources={"warehouse": WarehouseResource()},
-    )
-    result = schedule(context)
-    requests = result if isinstance(result, list) else []
-    return [r for r in requests if "sched_" in str(r.partition_key)]
-
-
-def test_orders_sync_covers_the_last_48_hours_across_a_month_end(scheduled_tenants, own_instance):
-    requests = tick(
-        vtex_orders_twice_daily, own_instance, datetime(2026, 12, 1, 6, tzinfo=BUENOS_AIRES)
-    )
+def test_orders_sync_covers_the_last_48_hours_across_a_month_end(scheduled_tenants):
+    requests = order_sync_requests(scheduled_tenants, datetime(2026, 12, 1, 6, tzinfo=BUENOS_AIRES))
     keys = [
         (r.partition_key.keys_by_dimension["tenant"], r.partition_key.keys_by_dimension["month"])
         for r in requests
@@ -57,28 +51,38 @@ def test_orders_sync_covers_the_last_48_hours_across_a_month_end(scheduled_tenan
     assert [r.tags["dagster/priority"] for r in requests] == ["-1", "-1", "-5", "-5"]
     assert len({r.run_key for r in requests}) == 4
 
-    mid_month = tick(
-        vtex_orders_twice_daily, own_instance, datetime(2026, 12, 15, 18, tzinfo=BUENOS_AIRES)
+    mid_month = order_sync_requests(
+        scheduled_tenants, datetime(2026, 12, 15, 18, tzinfo=BUENOS_AIRES)
     )
     assert {r.partition_key.keys_by_dimension["month"] for r in mid_month} == {"2026-12-01"}
     assert vtex_orders_twice_daily.cron_schedule == "0 6,18 * * *"
     assert vtex_orders_twice_daily.execution_timezone == "America/Argentina/Buenos_Aires"
 
 
-def test_catalog_sync_at_five_per_active_tenant(scheduled_tenants, own_instance):
-    requests = tick(vtex_catalog_daily, own_instance, datetime(2026, 12, 2, 5, tzinfo=BUENOS_AIRES))
+def test_catalog_sync_at_five_per_active_tenant(scheduled_tenants):
+    requests = catalog_sync_requests(
+        scheduled_tenants, datetime(2026, 12, 2, 5, tzinfo=BUENOS_AIRES)
+    )
     assert [r.partition_key for r in requests] == ["sched_b", "sched_a"]
     assert vtex_catalog_daily.cron_schedule == "0 5 * * *"
 
 
-def test_audiences_keep_a_48_hour_rhythm_across_month_and_year_ends(own_instance):
+def test_the_schedules_are_valid_definitions():
+    # Resolving the code location validates each schedule against its job.
+    defs.resolve_all_job_defs()
+    assert {s.name for s in defs.schedules} >= {
+        "vtex_orders_twice_daily",
+        "vtex_catalog_daily",
+        "audiences_every_48_hours",
+    }
+
+
+def test_audiences_keep_a_48_hour_rhythm_across_month_and_year_ends():
     run_days = []
     day = date(2026, 12, 20)
     while day < date(2027, 3, 10):
         when = datetime(day.year, day.month, day.day, 10, tzinfo=BUENOS_AIRES)
-        with dg.build_schedule_context(
-            instance=own_instance, scheduled_execution_time=when
-        ) as context:
+        with dg.build_schedule_context(scheduled_execution_time=when) as context:
             if isinstance(audiences_every_48_hours(context), dg.RunRequest):
                 run_days.append(day)
         day += timedelta(days=1)

@@ -24,9 +24,13 @@ def run_priority(tenant: Tenant) -> dict[str, str]:
 
 def active_tenants(context: dg.ScheduleEvaluationContext, warehouse: WarehouseResource) -> list:
     """Active tenants that already have a partition (the sensor adds new ones first)."""
-    partitions = set(context.instance.get_dynamic_partitions(tenants.name))
     with warehouse.connect() as conn:
-        return [t for t in list_tenants(conn, active_only=True) if t.tenant_id in partitions]
+        rows = list_tenants(conn, active_only=True)
+    return with_partitions(rows, set(context.instance.get_dynamic_partitions(tenants.name)))
+
+
+def with_partitions(rows: list[Tenant], partition_keys: set[str]) -> list[Tenant]:
+    return [tenant for tenant in rows if tenant.tenant_id in partition_keys]
 
 
 def recent_months(moment: datetime) -> list[str]:
@@ -36,6 +40,31 @@ def recent_months(moment: datetime) -> list[str]:
         for m in (moment - OVERLAP, moment)
     }
     return sorted(keys)
+
+
+def order_sync_requests(tenant_rows: list[Tenant], moment: datetime) -> list[dg.RunRequest]:
+    """One run per tenant (priority order) and month of the 48 hours before `moment`."""
+    return [
+        dg.RunRequest(
+            run_key=f"{tenant.tenant_id}|{month}|{moment:%Y%m%d%H%M}",
+            partition_key=dg.MultiPartitionKey({"tenant": tenant.tenant_id, "month": month}),
+            tags=run_priority(tenant),
+        )
+        for tenant in tenant_rows
+        for month in recent_months(moment)
+    ]
+
+
+def catalog_sync_requests(tenant_rows: list[Tenant], moment: datetime) -> list[dg.RunRequest]:
+    """One run per tenant, in priority order."""
+    return [
+        dg.RunRequest(
+            run_key=f"{tenant.tenant_id}|{moment:%Y%m%d}",
+            partition_key=tenant.tenant_id,
+            tags=run_priority(tenant),
+        )
+        for tenant in tenant_rows
+    ]
 
 
 @dg.schedule(
@@ -48,16 +77,9 @@ def vtex_orders_twice_daily(
     context: dg.ScheduleEvaluationContext, warehouse: WarehouseResource
 ) -> list[dg.RunRequest] | dg.SkipReason:
     """Orders of the last 48 hours for every active tenant, at 06:00 and 18:00."""
-    moment = context.scheduled_execution_time
-    requests = [
-        dg.RunRequest(
-            run_key=f"{tenant.tenant_id}|{month}|{moment:%Y%m%d%H%M}",
-            partition_key=dg.MultiPartitionKey({"tenant": tenant.tenant_id, "month": month}),
-            tags=run_priority(tenant),
-        )
-        for tenant in active_tenants(context, warehouse)
-        for month in recent_months(moment)
-    ]
+    requests = order_sync_requests(
+        active_tenants(context, warehouse), context.scheduled_execution_time
+    )
     return requests or dg.SkipReason("no active tenants")
 
 
@@ -71,13 +93,7 @@ def vtex_catalog_daily(
     context: dg.ScheduleEvaluationContext, warehouse: WarehouseResource
 ) -> list[dg.RunRequest] | dg.SkipReason:
     """Products, SKUs and Master Data customers of every active tenant, at 05:00."""
-    day = context.scheduled_execution_time
-    requests = [
-        dg.RunRequest(
-            run_key=f"{tenant.tenant_id}|{day:%Y%m%d}",
-            partition_key=tenant.tenant_id,
-            tags=run_priority(tenant),
-        )
-        for tenant in active_tenants(context, warehouse)
-    ]
+    requests = catalog_sync_requests(
+        active_tenants(context, warehouse), context.scheduled_execution_time
+    )
     return requests or dg.SkipReason("no active tenants")
