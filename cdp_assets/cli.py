@@ -58,10 +58,14 @@ def migrate() -> None:
 )
 def dev(port: int, sandbox: bool) -> None:
     """Open the Dagster UI (webserver + daemon) on the platform's Postgres."""
-    from cdp_assets.lib.dagster_home import prepare_dagster_home
+    import dagster as dg
+
+    from cdp_assets.lib.dagster_home import apply_pool_limits, prepare_dagster_home
 
     url = migrated_url()
     home = prepare_dagster_home(url)
+    with dg.DagsterInstance.get() as instance:
+        apply_pool_limits(instance)
     click.echo(f"DAGSTER_HOME={home}")
     stack = []
     try:

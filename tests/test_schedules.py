@@ -6,6 +6,7 @@ import pytest
 
 from cdp_assets.analytics.schedules import audiences_every_48_hours
 from cdp_assets.definitions import defs
+from cdp_assets.lib.dagster_home import apply_pool_limits
 from cdp_assets.tenants.registry import Tenant, add_tenant, list_tenants
 from cdp_assets.vtex.schedules import (
     catalog_sync_requests,
@@ -89,3 +90,8 @@ def test_audiences_keep_a_48_hour_rhythm_across_month_and_year_ends():
     gaps = {b - a for a, b in zip(run_days, run_days[1:], strict=False)}
     assert gaps == {timedelta(days=2)}
     assert len(run_days) >= 39
+
+
+def test_dbt_runs_one_at_a_time(instance):
+    apply_pool_limits(instance)
+    assert instance.event_log_storage.get_concurrency_info("dbt").slot_count == 1

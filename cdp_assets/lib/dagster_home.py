@@ -23,3 +23,14 @@ def prepare_dagster_home(warehouse_url: str) -> Path:
     os.environ["DAGSTER_HOME"] = str(home)
     os.environ["CDP_DAGSTER_PG_URL"] = sqlalchemy_url(warehouse_url)
     return home
+
+
+# Every tenant's dbt run rebuilds the shared staging and intermediate views, so dbt runs
+# one at a time; API pools are per account in spirit, and the default limit covers them.
+POOL_LIMITS = {"dbt": 1}
+
+
+def apply_pool_limits(instance) -> None:
+    """Set the platform's pool limits on an instance (idempotent)."""
+    for pool, limit in POOL_LIMITS.items():
+        instance.event_log_storage.set_concurrency_slots(pool, limit)
