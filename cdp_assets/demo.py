@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import time
 from collections.abc import Callable
@@ -67,18 +66,7 @@ DEMO_TENANTS = (
 
 def demo_store_args() -> list[str]:
     """The demo stores as `--store` arguments of the sandbox command."""
-    args = []
-    for demo in DEMO_TENANTS:
-        spec = demo.store
-        fields = {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)}
-        defaults = {f.name: f.default for f in dataclasses.fields(spec)}
-        options = ",".join(
-            f"{name}={value}"
-            for name, value in fields.items()
-            if name != "account" and value != defaults[name]
-        )
-        args += ["--store", f"{spec.account}:{options}"]
-    return args
+    return [arg for demo in DEMO_TENANTS for arg in ("--store", demo.store.to_cli())]
 
 
 def credential_refs(tenant_id: str) -> tuple[str, str]:
