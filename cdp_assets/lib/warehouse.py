@@ -27,5 +27,8 @@ class WarehouseResource(dg.ConfigurableResource):
 
     url: str | None = None
 
+    def url_migrated(self) -> str:
+        return migrated_url(self.url)
+
     def connect(self) -> psycopg.Connection:
-        return psycopg.connect(migrated_url(self.url))
+        return psycopg.connect(self.url_migrated())

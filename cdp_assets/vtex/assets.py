@@ -5,10 +5,15 @@ from datetime import UTC, datetime, timedelta
 
 import dagster as dg
 
+from cdp_assets.activation.destinations import DestinationAudience
+from cdp_assets.activation.run import ActivationConfig, activate
+from cdp_assets.analytics.assets import dbt_audiences, dbt_tenant_models
 from cdp_assets.lib.sync_state import get_cursor, set_cursor
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.partitions import order_months, tenant_months, tenants
 from cdp_assets.tenants.registry import get_tenant
+from cdp_assets.vtex.collection_rules import collection_skus
+from cdp_assets.vtex.collections import VtexCollections
 from cdp_assets.vtex.resources import VtexResource
 from cdp_assets.vtex.sync import (
     CUSTOMERS,
@@ -164,3 +169,38 @@ def vtex_customers(
         with conn.transaction():
             set_cursor(conn, tenant_id, CUSTOMERS.name, started, context.run.run_id)
     return dg.MaterializeResult(metadata={**landing.metadata(), "incremental": since is not None})
+
+
+@dg.asset(
+    partitions_def=tenants,
+    deps=[dbt_audiences, dbt_tenant_models],
+    group_name="activation",
+    kinds={"vtex", "python"},
+    pool="vtex_api",
+    metadata={"dagster/table_name": "cdp.activation_runs"},
+)
+def vtex_product_collections(
+    context: dg.AssetExecutionContext,
+    config: ActivationConfig,
+    warehouse: WarehouseResource,
+    vtex: VtexResource,
+) -> dg.MaterializeResult:
+    """Product collections written back to the tenant's VTEX store (destinations with platform
+    'vtex_collections'; one rule per collection, see `vtex/collection_rules.py`), SKUs added and
+    removed by difference, one paced call each."""
+    with warehouse.connect() as conn:
+        tenant = get_tenant(conn, context.partition_key)
+
+        def members(target: DestinationAudience):
+            skus = collection_skus(conn, tenant.tenant_id, target.params)
+            return lambda: iter(skus)
+
+        return activate(
+            context,
+            conn,
+            ("vtex_collections",),
+            config,
+            lambda _: VtexCollections(vtex.client_for(tenant), vtex.collection_writes_per_second),
+            members,
+            lambda _: None,
+        )

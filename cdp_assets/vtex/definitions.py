@@ -1,6 +1,12 @@
 import dagster as dg
 
-from cdp_assets.vtex.assets import vtex_customers, vtex_orders, vtex_products, vtex_skus
+from cdp_assets.vtex.assets import (
+    vtex_customers,
+    vtex_orders,
+    vtex_product_collections,
+    vtex_products,
+    vtex_skus,
+)
 from cdp_assets.vtex.jobs import vtex_orders_sync, vtex_tenant_sync
 from cdp_assets.vtex.resources import VtexResource
 from cdp_assets.vtex.schedules import vtex_catalog_daily, vtex_orders_twice_daily
@@ -8,7 +14,7 @@ from cdp_assets.vtex.schedules import vtex_catalog_daily, vtex_orders_twice_dail
 
 def defs() -> dg.Definitions:
     return dg.Definitions(
-        assets=[vtex_orders, vtex_products, vtex_skus, vtex_customers],
+        assets=[vtex_orders, vtex_products, vtex_skus, vtex_customers, vtex_product_collections],
         jobs=[vtex_tenant_sync, vtex_orders_sync],
         schedules=[vtex_orders_twice_daily, vtex_catalog_daily],
         resources={"vtex": VtexResource()},

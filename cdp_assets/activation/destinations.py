@@ -1,0 +1,176 @@
+"""Destinations in `cdp.destinations` and the audiences each one receives.
+
+Credentials are stored as environment variable names per role and resolved only when a run
+needs them, so a secret never sits in a table, a log line or Dagster metadata.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from cdp_assets.tenants.registry import ENV_REF, SLUG
+
+PLATFORMS = ("meta", "google_data_manager", "google_ads", "vtex_collections")
+CONSENT = ("GRANTED", "DENIED", "UNSPECIFIED")
+# Roles each platform needs; values are environment variable names.
+CREDENTIAL_ROLES: dict[str, tuple[str, ...]] = {
+    "meta": ("access_token",),
+    "google_data_manager": (),  # service credentials: GOOGLE_APPLICATION_CREDENTIALS / ADC
+    "google_ads": ("developer_token",),
+    "vtex_collections": (),  # the tenant's own VTEX credentials
+}
+
+
+class DestinationError(ValueError):
+    """A destination that cannot be registered or used, with a message for the operator."""
+
+
+@dataclass(frozen=True)
+class Destination:
+    destination_id: str
+    tenant_id: str
+    platform: str
+    account_id: str = ""
+    login_account_id: str | None = None
+    credential_refs: dict[str, str] = field(default_factory=dict)
+    ad_user_data_consent: str = "UNSPECIFIED"
+    ad_personalization_consent: str = "UNSPECIFIED"
+    min_audience_size: int = 100
+    max_removal_share: float = 0.5
+    dry_run: bool = False
+    active: bool = True
+
+    def validate(self) -> None:
+        problems = []
+        if not SLUG.match(self.destination_id):
+            problems.append(f"destination id {self.destination_id[:80]!r} is not a slug")
+        if self.platform not in PLATFORMS:
+            problems.append(f"platform must be one of {', '.join(PLATFORMS)}")
+        elif self.platform.startswith("google") and not re.fullmatch(r"\d{10}", self.account_id):
+            problems.append("a Google Ads customer id is 10 digits, no dashes")
+        elif self.platform == "meta" and not re.fullmatch(r"\d{1,20}", self.account_id):
+            problems.append("a Meta ad account id is its digits, without 'act_'")
+        if self.login_account_id is not None and not re.fullmatch(r"\d{10}", self.login_account_id):
+            problems.append("the login (manager) account id is 10 digits, no dashes")
+        for role in CREDENTIAL_ROLES.get(self.platform, ()):
+            if role not in self.credential_refs:
+                problems.append(f"credential reference {role!r} is missing")
+        for role, ref in self.credential_refs.items():
+            if not ENV_REF.match(ref):
+                problems.append(f"credential reference {role!r} is not an environment variable")
+        for consent in (self.ad_user_data_consent, self.ad_personalization_consent):
+            if consent not in CONSENT:
+                problems.append(f"consent must be one of {', '.join(CONSENT)}")
+        if self.min_audience_size < 0 or not 0 <= self.max_removal_share <= 1:
+            problems.append("min_audience_size must be >= 0 and max_removal_share in [0, 1]")
+        if problems:
+            raise DestinationError(
+                f"destination {self.destination_id[:80]!r} is invalid: " + "; ".join(problems)
+            )
+
+    def credential(self, role: str) -> str:
+        """The secret for a role, read from the environment at the moment it is needed."""
+        ref = self.credential_refs.get(role)
+        if ref is None:
+            raise DestinationError(f"destination {self.destination_id!r} has no {role!r} reference")
+        value = os.environ.get(ref)
+        if not value:
+            raise DestinationError(
+                f"destination {self.destination_id!r}: credential reference {ref} is not set"
+                " in the environment"
+            )
+        return value
+
+
+@dataclass(frozen=True)
+class DestinationAudience:
+    destination: Destination
+    audience: str
+    params: dict[str, Any]
+    platform_audience_id: str | None
+
+
+_COLUMNS = (
+    "destination_id, tenant_id, platform, account_id, login_account_id, credential_refs,"
+    " ad_user_data_consent, ad_personalization_consent, min_audience_size, max_removal_share,"
+    " dry_run, active"
+)
+
+
+def _destination(row: tuple[Any, ...]) -> Destination:
+    values = list(row)
+    values[9] = float(values[9]) if isinstance(values[9], Decimal) else values[9]
+    return Destination(*values)
+
+
+def add_destination(conn: psycopg.Connection, destination: Destination) -> None:
+    """Insert or update a destination (by id) after validating it."""
+    destination.validate()
+    values = [getattr(destination, name.strip()) for name in _COLUMNS.split(",")]
+    values[5] = Jsonb(destination.credential_refs)
+    updates = ", ".join(
+        f"{name.strip()} = excluded.{name.strip()}" for name in _COLUMNS.split(",")[1:]
+    )
+    conn.execute(
+        f"INSERT INTO cdp.destinations ({_COLUMNS})"
+        f" VALUES ({', '.join(['%s'] * len(values))})"
+        f" ON CONFLICT (destination_id) DO UPDATE SET {updates}, updated_at = now()",
+        values,
+    )
+
+
+def add_audience(
+    conn: psycopg.Connection,
+    destination_id: str,
+    audience: str,
+    params: dict[str, Any] | None = None,
+    *,
+    active: bool = True,
+) -> None:
+    """Send an audience (or a collection rule) to a destination; keeps its platform id."""
+    if not SLUG.match(audience):
+        raise DestinationError(f"audience {audience[:80]!r} is not a model name")
+    conn.execute(
+        """
+        INSERT INTO cdp.destination_audiences (destination_id, audience, params, active)
+        VALUES (%s, %s, %s, %s)
+        ON CONFLICT (destination_id, audience) DO UPDATE
+           SET params = excluded.params, active = excluded.active
+        """,
+        (destination_id, audience, Jsonb(params or {}), active),
+    )
+
+
+def destination_audiences(
+    conn: psycopg.Connection, tenant_id: str, platforms: tuple[str, ...]
+) -> list[DestinationAudience]:
+    """Active audiences of a tenant's active destinations on these platforms."""
+    prefixed = ", ".join(f"d.{name.strip()}" for name in _COLUMNS.split(","))
+    rows = conn.execute(
+        f"""
+        SELECT {prefixed}, a.audience, a.params, a.platform_audience_id
+        FROM cdp.destinations d
+        JOIN cdp.destination_audiences a USING (destination_id)
+        WHERE d.tenant_id = %s AND d.platform = ANY(%s) AND d.active AND a.active
+        ORDER BY d.destination_id, a.audience
+        """,
+        (tenant_id, list(platforms)),
+    ).fetchall()
+    return [DestinationAudience(_destination(row[:12]), row[12], row[13], row[14]) for row in rows]
+
+
+def set_platform_audience_id(
+    conn: psycopg.Connection, destination_id: str, audience: str, platform_audience_id: str
+) -> None:
+    conn.execute(
+        "UPDATE cdp.destination_audiences SET platform_audience_id = %s"
+        " WHERE destination_id = %s AND audience = %s",
+        (platform_audience_id, destination_id, audience),
+    )

@@ -1,0 +1,127 @@
+"""What every activation asset does for its tenant: sync each configured destination audience
+and report it as materialization metadata, one row per destination audience.
+
+A failing destination does not stop the others; the asset fails at the end, naming them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import dagster as dg
+import psycopg
+
+from cdp_assets.activation.destinations import (
+    Destination,
+    DestinationAudience,
+    destination_audiences,
+)
+from cdp_assets.activation.sync import (
+    MemberSource,
+    Platform,
+    SyncOptions,
+    SyncOutcome,
+    sync_audience,
+)
+
+
+class ActivationConfig(dg.Config):
+    dry_run: bool = False
+    """Compute and record everything, send nothing."""
+    full_replace: bool = False
+    """Replace the platform's whole membership instead of sending the difference."""
+    force: bool = False
+    """Allow a run that removes more than the destination's max_removal_share."""
+    destinations: list[str] = []
+    """Only these destination ids (default: every active destination of the tenant)."""
+
+
+OUTCOME_COLUMNS = [
+    dg.TableColumn("destination_id", "string"),
+    dg.TableColumn("audience", "string"),
+    dg.TableColumn("platform", "string"),
+    dg.TableColumn("status", "string"),
+    dg.TableColumn("reason", "string"),
+    dg.TableColumn("desired", "int"),
+    dg.TableColumn("unmatchable", "int"),
+    dg.TableColumn("added", "int"),
+    dg.TableColumn("removed", "int"),
+    dg.TableColumn("unchanged", "int"),
+    dg.TableColumn("rejected", "int"),
+    dg.TableColumn("requests", "int"),
+    dg.TableColumn("seconds", "float"),
+    dg.TableColumn("match_info", "string"),
+]
+TOTALS = ("desired", "added", "removed", "unchanged", "rejected", "requests")
+
+
+def activation_metadata(outcomes: list[SyncOutcome]) -> dict[str, dg.MetadataValue]:
+    """Totals as numbers (plotted over runs in the UI) and the per-audience table."""
+    metadata: dict[str, dg.MetadataValue] = {
+        name: dg.MetadataValue.int(sum(getattr(o, name) for o in outcomes)) for name in TOTALS
+    }
+    for status in ("synced", "dry_run", "skipped", "refused", "failed"):
+        metadata[f"audiences_{status}"] = dg.MetadataValue.int(
+            sum(o.status == status for o in outcomes)
+        )
+    metadata["audiences"] = dg.MetadataValue.table(
+        records=[dg.TableRecord(o.as_row()) for o in outcomes],
+        schema=dg.TableSchema(columns=OUTCOME_COLUMNS),
+    )
+    return metadata
+
+
+def activate(
+    context: dg.AssetExecutionContext,
+    conn: psycopg.Connection,
+    platforms: tuple[str, ...],
+    config: ActivationConfig,
+    platform_for: Callable[[Destination], Platform],
+    members_for: Callable[[DestinationAudience], MemberSource],
+    signature_for: Callable[[DestinationAudience], str | None],
+) -> dg.MaterializeResult:
+    tenant_id = context.partition_key
+    targets = [
+        target
+        for target in destination_audiences(conn, tenant_id, platforms)
+        if not config.destinations or target.destination.destination_id in config.destinations
+    ]
+    options = SyncOptions(config.dry_run, config.full_replace, config.force, context.run_id)
+    outcomes: list[SyncOutcome] = []
+    clients: dict[str, Platform] = {}
+    for target in targets:
+        destination = target.destination
+        try:
+            platform = clients.get(destination.destination_id)
+            if platform is None:
+                platform = clients[destination.destination_id] = platform_for(destination)
+            outcome = sync_audience(
+                conn, target, members_for(target), platform, options, signature_for(target)
+            )
+        except Exception as error:
+            context.log.error(
+                f"{destination.destination_id}/{target.audience}: {type(error).__name__}: {error}"
+            )
+            outcome = SyncOutcome(
+                destination.destination_id,
+                target.audience,
+                destination.platform,
+                "failed",
+                f"{type(error).__name__}: {error}"[:500],
+            )
+        context.log.info(
+            f"{outcome.destination_id}/{outcome.audience}: {outcome.status}"
+            f" +{outcome.added} -{outcome.removed} ={outcome.unchanged}"
+            f" rejected {outcome.rejected}" + (f" ({outcome.reason})" if outcome.reason else "")
+        )
+        outcomes.append(outcome)
+    metadata = activation_metadata(outcomes)
+    failed = [f"{o.destination_id}/{o.audience}" for o in outcomes if o.status == "failed"]
+    if failed:
+        raise dg.Failure(
+            description=f"activation failed for {', '.join(failed)}; the others were synced",
+            metadata=metadata,
+        )
+    if not targets:
+        context.log.info(f"tenant {tenant_id!r} has no active destination on {platforms}")
+    return dg.MaterializeResult(metadata=metadata)

@@ -1,0 +1,388 @@
+"""Diff-based sync of one destination audience, the same for every platform.
+
+The desired members (hashed as the destination wants them) go into a temporary table by
+COPY; set-based SQL compares them with `cdp.destination_members`, what the platform last
+confirmed. Only removals and additions are sent, in the platform's batch size, removals
+first (a changed member is a removal of its old row and an addition of its new one, and a
+platform keyed on the external id must not drop the new row). State is committed after each
+batch the platform confirmed, so a run cut short resumes where it stopped, and members the
+platform rejected stay out of the state: the next run sends them again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from cdp_assets.activation.destinations import DestinationAudience, set_platform_audience_id
+
+Row = list[str]
+
+
+@dataclass
+class BatchResult:
+    """What the platform said about one batch: rejected rows by index in the batch."""
+
+    rejected: dict[int, str] = field(default_factory=dict)
+    requests: int = 1
+
+
+class Platform(Protocol):
+    """One destination's API, already authenticated; rows are in the platform's key order."""
+
+    batch_size: int
+
+    def matchable(self, row: Row) -> bool: ...
+
+    def ensure_audience(self, target: DestinationAudience) -> str: ...
+
+    def add(self, platform_id: str, rows: list[Row]) -> BatchResult: ...
+
+    def remove(self, platform_id: str, rows: list[Row]) -> BatchResult: ...
+
+    def replace(self, platform_id: str, batches: Iterable[list[Row]]) -> BatchResult: ...
+
+    def match_info(self, platform_id: str) -> dict[str, Any]: ...
+
+
+@dataclass
+class SyncOptions:
+    dry_run: bool = False
+    full_replace: bool = False
+    force: bool = False
+    run_id: str | None = None
+
+
+@dataclass
+class SyncOutcome:
+    destination_id: str
+    audience: str
+    platform: str
+    status: str
+    reason: str | None = None
+    desired: int = 0
+    unmatchable: int = 0
+    added: int = 0
+    removed: int = 0
+    unchanged: int = 0
+    rejected: int = 0
+    requests: int = 0
+    seconds: float = 0.0
+    match_info: dict[str, Any] = field(default_factory=dict)
+
+    def as_row(self) -> dict[str, Any]:
+        row = asdict(self)
+        row["match_info"] = ", ".join(f"{k}={v}" for k, v in self.match_info.items())
+        return row
+
+
+def fingerprint(row: Row) -> str:
+    return hashlib.md5("\x1f".join(row).encode()).hexdigest()
+
+
+MemberSource = Callable[[], Iterator[tuple[str, Row]]]
+
+
+def _load_desired(
+    conn: psycopg.Connection, members: Iterator[tuple[str, Row]], platform: Platform
+) -> tuple[int, int]:
+    conn.execute(
+        "CREATE TEMP TABLE IF NOT EXISTS desired_members"
+        " (member_key text PRIMARY KEY, fingerprint text NOT NULL, identifiers text[] NOT NULL)"
+    )
+    conn.execute("TRUNCATE desired_members")
+    desired = unmatchable = 0
+    with conn.cursor().copy(
+        "COPY desired_members (member_key, fingerprint, identifiers) FROM STDIN"
+    ) as copy:
+        for member_key, row in members:
+            if not platform.matchable(row):
+                unmatchable += 1
+                continue
+            copy.write_row((member_key, fingerprint(row), row))
+            desired += 1
+    conn.execute("ANALYZE desired_members")
+    return desired, unmatchable
+
+
+_STATE = "destination_id = %(destination_id)s AND audience = %(audience)s"
+
+
+def _counts(conn: psycopg.Connection, key: dict[str, str]) -> tuple[int, int, int, int]:
+    """(confirmed, unchanged, to add, to remove)."""
+    row = conn.execute(
+        f"""
+        WITH state AS (SELECT member_key, fingerprint FROM cdp.destination_members WHERE {_STATE})
+        SELECT
+            (SELECT count(*) FROM state),
+            (SELECT count(*) FROM desired_members d JOIN state s USING (member_key, fingerprint)),
+            (SELECT count(*) FROM desired_members d
+              WHERE NOT EXISTS (SELECT 1 FROM state s
+                                WHERE s.member_key = d.member_key
+                                  AND s.fingerprint = d.fingerprint)),
+            (SELECT count(*) FROM state s
+              WHERE NOT EXISTS (SELECT 1 FROM desired_members d
+                                WHERE d.member_key = s.member_key
+                                  AND d.fingerprint = s.fingerprint))
+        """,
+        key,
+    ).fetchone()
+    assert row is not None
+    return row[0], row[1], row[2], row[3]
+
+
+def _pages(
+    conn: psycopg.Connection, query: str, key: dict[str, str], size: int
+) -> Iterator[list[tuple[str, str, Row]]]:
+    """Keyset pages of (member_key, fingerprint, identifiers); safe across commits."""
+    after = ""
+    while True:
+        page = conn.execute(query, {**key, "after": after, "size": size}).fetchall()
+        if not page:
+            return
+        yield page
+        after = page[-1][0]
+
+
+_ADDITIONS = """
+    SELECT d.member_key, d.fingerprint, d.identifiers FROM desired_members d
+    WHERE d.member_key > %(after)s
+      AND NOT EXISTS (SELECT 1 FROM cdp.destination_members s
+                      WHERE s.destination_id = %(destination_id)s AND s.audience = %(audience)s
+                        AND s.member_key = d.member_key AND s.fingerprint = d.fingerprint)
+    ORDER BY d.member_key LIMIT %(size)s
+"""
+_REMOVALS = f"""
+    SELECT s.member_key, s.fingerprint, s.identifiers FROM cdp.destination_members s
+    WHERE {_STATE} AND s.member_key > %(after)s
+      AND NOT EXISTS (SELECT 1 FROM desired_members d
+                      WHERE d.member_key = s.member_key AND d.fingerprint = s.fingerprint)
+    ORDER BY s.member_key LIMIT %(size)s
+"""
+
+
+def _record_rejects(
+    conn: psycopg.Connection,
+    run: int,
+    page: list[tuple[str, str, Row]],
+    result: BatchResult,
+    operation: str,
+) -> None:
+    if result.rejected:
+        with conn.cursor() as cur:
+            cur.executemany(
+                "INSERT INTO cdp.activation_rejects"
+                " (activation_run_id, member_key, operation, reason) VALUES (%s, %s, %s, %s)",
+                [(run, page[i][0], operation, reason) for i, reason in result.rejected.items()],
+            )
+
+
+def _start_run(
+    conn: psycopg.Connection, target: DestinationAudience, options: SyncOptions, dry_run: bool
+) -> int:
+    row = conn.execute(
+        """
+        INSERT INTO cdp.activation_runs
+            (destination_id, audience, tenant_id, platform, dagster_run_id, mode, dry_run, status)
+        VALUES (%s, %s, %s, %s, %s, %s, %s, 'running') RETURNING activation_run_id
+        """,
+        (
+            target.destination.destination_id,
+            target.audience,
+            target.destination.tenant_id,
+            target.destination.platform,
+            options.run_id,
+            "replace" if options.full_replace else "diff",
+            dry_run,
+        ),
+    ).fetchone()
+    assert row is not None
+    conn.commit()
+    return row[0]
+
+
+def _finish_run(conn: psycopg.Connection, run: int, outcome: SyncOutcome) -> None:
+    conn.execute(
+        """
+        UPDATE cdp.activation_runs SET status = %s, reason = %s, desired = %s, unmatchable = %s,
+               added = %s, removed = %s, unchanged = %s, rejected = %s, requests = %s,
+               match_info = %s, finished_at = now()
+        WHERE activation_run_id = %s
+        """,
+        (
+            outcome.status,
+            outcome.reason,
+            outcome.desired,
+            outcome.unmatchable,
+            outcome.added,
+            outcome.removed,
+            outcome.unchanged,
+            outcome.rejected,
+            outcome.requests,
+            Jsonb(outcome.match_info),
+            run,
+        ),
+    )
+    conn.commit()
+
+
+def sync_audience(
+    conn: psycopg.Connection,
+    target: DestinationAudience,
+    members: MemberSource,
+    platform: Platform,
+    options: SyncOptions,
+    signature: str | None = None,
+) -> SyncOutcome:
+    """Bring one destination audience to the desired membership; returns what happened.
+
+    ``signature`` is the audience's membership signature, stored once the sync completes so
+    the change sensor knows this membership has been pushed.
+    """
+    started = time.monotonic()
+    destination = target.destination
+    dry_run = options.dry_run or destination.dry_run
+    key = {"destination_id": destination.destination_id, "audience": target.audience}
+    outcome = SyncOutcome(destination.destination_id, target.audience, destination.platform, "")
+    run = _start_run(conn, target, options, dry_run)
+    try:
+        outcome.desired, outcome.unmatchable = _load_desired(conn, members(), platform)
+        confirmed, outcome.unchanged, to_add, to_remove = _counts(conn, key)
+        if options.full_replace:
+            to_add, to_remove = outcome.desired, confirmed
+        outcome.status, outcome.reason = _verdict(
+            outcome.desired, confirmed, to_remove, target, options, dry_run
+        )
+        if outcome.status in ("skipped", "refused"):
+            return outcome
+        if dry_run:
+            outcome.added, outcome.removed = to_add, to_remove
+            return outcome
+        platform_id = target.platform_audience_id or platform.ensure_audience(target)
+        if platform_id != target.platform_audience_id:
+            set_platform_audience_id(conn, destination.destination_id, target.audience, platform_id)
+            conn.commit()
+        if options.full_replace:
+            _replace(conn, key, platform, platform_id, outcome)
+        else:
+            _send_diff(conn, key, run, platform, platform_id, outcome)
+        outcome.match_info = platform.match_info(platform_id)
+        if signature is not None and outcome.rejected == 0:
+            conn.execute(
+                f"UPDATE cdp.destination_audiences SET synced_signature = %(signature)s"
+                f" WHERE {_STATE}",
+                {**key, "signature": signature},
+            )
+        outcome.status = "synced"
+        return outcome
+    except Exception as error:
+        conn.rollback()
+        outcome.status, outcome.reason = "failed", f"{type(error).__name__}: {error}"[:500]
+        raise
+    finally:
+        outcome.seconds = round(time.monotonic() - started, 3)
+        _finish_run(conn, run, outcome)
+
+
+def _verdict(
+    desired: int,
+    confirmed: int,
+    to_remove: int,
+    target: DestinationAudience,
+    options: SyncOptions,
+    dry_run: bool,
+) -> tuple[str, str | None]:
+    destination = target.destination
+    if desired < destination.min_audience_size:
+        return "skipped", (
+            f"{desired} matchable members, below the destination's minimum of"
+            f" {destination.min_audience_size}; nothing sent"
+        )
+    if confirmed and not options.force and to_remove > destination.max_removal_share * confirmed:
+        return "refused", (
+            f"would remove {to_remove} of {confirmed} confirmed members"
+            f" (more than {destination.max_removal_share:.0%}); re-run with force to allow"
+        )
+    return ("dry_run" if dry_run else "running"), None
+
+
+def _send_diff(
+    conn: psycopg.Connection,
+    key: dict[str, str],
+    run: int,
+    platform: Platform,
+    platform_id: str,
+    outcome: SyncOutcome,
+) -> None:
+    for page in _pages(conn, _REMOVALS, key, platform.batch_size):
+        result = platform.remove(platform_id, [row for _, _, row in page])
+        confirmed = [m for i, (m, _, _) in enumerate(page) if i not in result.rejected]
+        conn.execute(
+            f"DELETE FROM cdp.destination_members WHERE {_STATE} AND member_key = ANY(%(keys)s)",
+            {**key, "keys": confirmed},
+        )
+        _record_rejects(conn, run, page, result, "remove")
+        conn.commit()
+        outcome.removed += len(confirmed)
+        outcome.rejected += len(result.rejected)
+        outcome.requests += result.requests
+    for page in _pages(conn, _ADDITIONS, key, platform.batch_size):
+        result = platform.add(platform_id, [row for _, _, row in page])
+        accepted = [m for i, (m, _, _) in enumerate(page) if i not in result.rejected]
+        _upsert_members(conn, key, accepted)
+        _record_rejects(conn, run, page, result, "add")
+        conn.commit()
+        outcome.added += len(page) - len(result.rejected)
+        outcome.rejected += len(result.rejected)
+        outcome.requests += result.requests
+
+
+def _upsert_members(conn: psycopg.Connection, key: dict[str, str], member_keys: list[str]) -> None:
+    conn.execute(
+        """
+        INSERT INTO cdp.destination_members
+            (destination_id, audience, member_key, fingerprint, identifiers)
+        SELECT %(destination_id)s, %(audience)s, member_key, fingerprint, identifiers
+        FROM desired_members WHERE member_key = ANY(%(keys)s)
+        ON CONFLICT (destination_id, audience, member_key) DO UPDATE
+           SET fingerprint = excluded.fingerprint, identifiers = excluded.identifiers,
+               confirmed_at = now()
+        """,
+        {**key, "keys": member_keys},
+    )
+
+
+def _replace(
+    conn: psycopg.Connection,
+    key: dict[str, str],
+    platform: Platform,
+    platform_id: str,
+    outcome: SyncOutcome,
+) -> None:
+    """Replace the whole membership; state becomes the desired set once the platform is done."""
+    everything = _pages(
+        conn,
+        "SELECT member_key, fingerprint, identifiers FROM desired_members"
+        " WHERE member_key > %(after)s ORDER BY member_key LIMIT %(size)s",
+        key,
+        platform.batch_size,
+    )
+    result = platform.replace(platform_id, ([row for _, _, row in page] for page in everything))
+    conn.execute(f"DELETE FROM cdp.destination_members WHERE {_STATE}", key)
+    conn.execute(
+        """
+        INSERT INTO cdp.destination_members
+            (destination_id, audience, member_key, fingerprint, identifiers)
+        SELECT %(destination_id)s, %(audience)s, member_key, fingerprint, identifiers
+        FROM desired_members
+        """,
+        key,
+    )
+    conn.commit()
+    outcome.added, outcome.requests = outcome.desired, result.requests

@@ -1,0 +1,208 @@
+"""Meta Custom Audiences through `facebook-business`, as an activation platform.
+
+Rows are pre-hashed (``META_SCHEMA``, our own normalization) and sent with the SDK's raw
+``api.call`` rather than its helpers, because:
+- ``remove_users``/``delete_users`` send DELETE with the payload in the URL, which fails on
+  large batches; removals are a POST to ``/{id}/users`` carrying ``method=DELETE``;
+- the SDK judges success by the body, so a 502 with an HTML page returns without an
+  exception: the HTTP status and ``num_received`` are checked here;
+- its exceptions print every request parameter, i.e. the whole batch, so they are replaced
+  by ``MetaError`` holding only Meta's code, subcode and message.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from facebook_business.api import FacebookAdsApi, FacebookResponse
+from facebook_business.exceptions import FacebookRequestError
+from facebook_business.session import FacebookSession
+
+from cdp_assets.activation.destinations import DestinationAudience
+from cdp_assets.activation.identifiers import META_SCHEMA
+from cdp_assets.activation.sync import BatchResult, Row
+from cdp_assets.lib.retry import with_backoff
+
+BATCH_SIZE = 10_000  # Meta's documented maximum rows per /users request
+# Business-use-case, user, ad-account and app rate limits.
+RATE_LIMIT_CODES = frozenset({80003, 17, 613, 4, 32})
+
+
+class MetaError(RuntimeError):
+    """A Graph API failure, without the request parameters (they hold the whole batch)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: int | None = None,
+        subcode: int | None = None,
+        status: int | None = None,
+        transient: bool = False,
+    ) -> None:
+        super().__init__(f"Meta {status or ''} code={code} subcode={subcode}: {message}")
+        self.code, self.subcode, self.status, self.transient = code, subcode, status, transient
+
+    @property
+    def retryable(self) -> bool:
+        return (
+            self.transient
+            or self.code in RATE_LIMIT_CODES
+            or (self.status is not None and self.status >= 500)
+        )
+
+
+def _checked(response: FacebookResponse, expect: str) -> dict[str, Any]:
+    body = response.json() if response.status() == 200 else None
+    if not isinstance(body, dict) or expect not in body:
+        raise MetaError(
+            f"unexpected response without {expect!r}",
+            status=response.status(),
+            transient=response.status() >= 500,
+        )
+    return body
+
+
+def _session_batches(
+    batches: Iterable[list[Row]],
+) -> Iterator[tuple[int, bool, list[Row]]]:
+    """(batch_seq, last_batch_flag, rows): the flag needs to know which batch is last."""
+    seq, pending = 0, None
+    for batch in batches:
+        if pending is not None:
+            yield seq, False, pending
+        seq, pending = seq + 1, batch
+    if pending is not None:
+        yield seq, True, pending
+
+
+class MetaAudiences:
+    """One Meta ad account's customer-file audiences."""
+
+    batch_size = BATCH_SIZE
+
+    def __init__(
+        self,
+        account_id: str,
+        access_token: str,
+        *,
+        graph_url: str | None = None,
+        attempts: int = 6,
+        retry_base_seconds: float = 2.0,
+    ) -> None:
+        session = FacebookSession(access_token=access_token)
+        if graph_url:
+            session.GRAPH = graph_url.rstrip("/")
+        # Never FacebookAdsApi.init(): it installs a crash reporter that posts tracebacks.
+        self.api = FacebookAdsApi(session)
+        self.account = f"act_{account_id}"
+        self.attempts, self.retry_base_seconds = attempts, retry_base_seconds
+        self.retries = 0
+
+    def _call(self, method: str, path: tuple[str, ...], params: dict[str, Any]) -> Any:
+        def attempt() -> FacebookResponse:
+            try:
+                return self.api.call(method, path, params=params)
+            except FacebookRequestError as error:
+                raise MetaError(
+                    str(error.api_error_message()),
+                    code=error.api_error_code(),
+                    subcode=error.api_error_subcode(),
+                    status=error.http_status(),
+                    transient=bool(error.api_transient_error()),
+                ) from None
+
+        def count_retry(_: Exception) -> None:
+            self.retries += 1
+
+        return with_backoff(
+            attempt,
+            lambda error: isinstance(error, MetaError) and error.retryable,
+            attempts=self.attempts,
+            base_seconds=self.retry_base_seconds,
+            on_retry=count_retry,
+        )
+
+    def matchable(self, row: Row) -> bool:
+        return bool(row[1] or row[2])  # an e-mail or a phone; names alone rarely match
+
+    def ensure_audience(self, target: DestinationAudience) -> str:
+        """The audience's id, found by name first so a lost id never creates a duplicate."""
+        name = f"{target.destination.tenant_id}: {target.audience}"
+        listing = self._call("GET", (self.account, "customaudiences"), {"fields": "id,name"})
+        for audience in _checked(listing, "data")["data"]:
+            if audience.get("name") == name:
+                return str(audience["id"])
+        created = self._call(
+            "POST",
+            (self.account, "customaudiences"),
+            {
+                "name": name,
+                "subtype": "CUSTOM",
+                "customer_file_source": "USER_PROVIDED_ONLY",
+                "description": f"Audience {target.audience} of {target.destination.tenant_id},"
+                " kept in sync by the customer data platform.",
+            },
+        )
+        return str(_checked(created, "id")["id"])
+
+    def _users(self, platform_id: str, rows: list[Row], *, remove: bool) -> BatchResult:
+        params: dict[str, Any] = {
+            "payload": {"schema": META_SCHEMA, "data": rows},
+            "session": {
+                "session_id": secrets.randbits(62),
+                "batch_seq": 1,
+                "last_batch_flag": True,
+                "estimated_num_total": len(rows),
+            },
+        }
+        if remove:
+            params["method"] = "DELETE"
+        body = _checked(self._call("POST", (platform_id, "users"), params), "num_received")
+        return BatchResult(rejected=_invalid_rows(body, len(rows)))
+
+    def add(self, platform_id: str, rows: list[Row]) -> BatchResult:
+        return self._users(platform_id, rows, remove=False)
+
+    def remove(self, platform_id: str, rows: list[Row]) -> BatchResult:
+        return self._users(platform_id, rows, remove=True)
+
+    def replace(self, platform_id: str, batches: Iterable[list[Row]]) -> BatchResult:
+        """One ``usersreplace`` session: members not sent are dropped when the last batch lands.
+
+        Unlike /users, a replace keeps active ad sets out of a new learning phase.
+        """
+        session_id = secrets.randbits(62)
+        requests = 0
+        for seq, last, rows in _session_batches(batches):
+            params = {
+                "payload": {"schema": META_SCHEMA, "data": rows},
+                "session": {"session_id": session_id, "batch_seq": seq, "last_batch_flag": last},
+            }
+            _checked(self._call("POST", (platform_id, "usersreplace"), params), "num_received")
+            requests += 1
+        return BatchResult(requests=requests)
+
+    def match_info(self, platform_id: str) -> dict[str, Any]:
+        fields = "approximate_count_lower_bound,approximate_count_upper_bound,operation_status"
+        body = _checked(self._call("GET", (platform_id,), {"fields": fields}), "id")
+        status = body.get("operation_status") or {}
+        return {
+            "approximate_count_lower_bound": body.get("approximate_count_lower_bound"),
+            "approximate_count_upper_bound": body.get("approximate_count_upper_bound"),
+            "operation_status": status.get("description") if isinstance(status, dict) else status,
+        }
+
+
+def _invalid_rows(body: dict[str, Any], size: int) -> dict[int, str]:
+    """Rows Meta dropped, by index, from ``invalid_entry_samples`` keyed by row index."""
+    samples = body.get("invalid_entry_samples") or {}
+    if not body.get("num_invalid_entries") or not isinstance(samples, dict):
+        return {}
+    return {
+        int(index): str(reason)[:200]
+        for index, reason in samples.items()
+        if str(index).isdigit() and int(index) < size
+    }

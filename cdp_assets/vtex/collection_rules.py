@@ -1,0 +1,71 @@
+"""Which SKUs a product collection holds: the best sellers among one audience's members.
+
+One rule, parameterized per collection in `cdp.destination_audiences.params`:
+- ``audience``: whose purchases count (an audience materialized view);
+- ``rank_by``: ``revenue`` (sum of line totals) or ``buyers`` (distinct customers);
+- ``days``: purchases of the last N days; ``top_n``: how many SKUs.
+
+The examples in the README are this rule with different parameters: top 50 SKUs by revenue
+among Champions in the last 90 days; products favoured by high-CLV customers (buyers, 365
+days); win-back picks for at-risk customers (buyers among audience_rfm_at_risk).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+RANKINGS = {
+    "revenue": sql.SQL("sum(items.line_total)"),
+    "buyers": sql.SQL("count(DISTINCT purchases.customer_key)"),
+}
+DEFAULTS: dict[str, Any] = {"rank_by": "revenue", "days": 90, "top_n": 50}
+
+
+def rule_params(params: dict[str, Any]) -> dict[str, Any]:
+    """The rule's parameters with defaults, refused with a clear message when malformed."""
+    merged = {**DEFAULTS, **params}
+    unknown = set(merged) - {*DEFAULTS, "audience"}
+    problems = [f"unknown parameters {sorted(unknown)}"] if unknown else []
+    if not isinstance(merged.get("audience"), str):
+        problems.append("'audience' (an audience materialized view) is required")
+    if merged["rank_by"] not in RANKINGS:
+        problems.append(f"'rank_by' must be one of {sorted(RANKINGS)}")
+    for name in ("days", "top_n"):
+        if not isinstance(merged[name], int) or merged[name] < 1:
+            problems.append(f"{name!r} must be a positive integer")
+    if problems:
+        raise ValueError("collection rule: " + "; ".join(problems))
+    return merged
+
+
+def collection_skus(
+    conn: psycopg.Connection, tenant_id: str, params: dict[str, Any]
+) -> list[tuple[str, list[str]]]:
+    """(sku_id, [sku_id]) for the SKUs the rule selects, best first (at most top_n)."""
+    rule = rule_params(params)
+    query = sql.SQL(
+        """
+        WITH members AS (
+            SELECT customer_key FROM audiences.{audience} WHERE tenant_id = %(tenant_id)s
+        ),
+        purchases AS (
+            SELECT p.order_id, p.customer_key
+            FROM intermediate.int_orders__purchases p
+            JOIN members USING (customer_key)
+            WHERE p.tenant_id = %(tenant_id)s AND p.is_purchase
+              AND p.order_date >= current_date - %(days)s
+        )
+        SELECT items.sku_id
+        FROM staging.stg_vtex__order_items items
+        JOIN purchases USING (order_id)
+        WHERE items.tenant_id = %(tenant_id)s AND items.sku_id ~ '^[0-9]+$'
+        GROUP BY items.sku_id
+        ORDER BY {ranking} DESC, items.sku_id
+        LIMIT %(top_n)s
+        """
+    ).format(audience=sql.Identifier(rule["audience"]), ranking=RANKINGS[rule["rank_by"]])
+    rows = conn.execute(query, {"tenant_id": tenant_id, **rule}).fetchall()
+    return [(sku_id, [sku_id]) for (sku_id,) in rows]
