@@ -101,10 +101,14 @@ class MetaAudiences:
         self.attempts, self.retry_base_seconds = attempts, retry_base_seconds
         self.retries = 0
 
-    def _call(self, method: str, path: tuple[str, ...], params: dict[str, Any]) -> Any:
-        def attempt() -> FacebookResponse:
+    def _call(
+        self, method: str, path: tuple[str, ...], params: dict[str, Any], expect: str
+    ) -> dict[str, Any]:
+        """The JSON body of a successful call holding ``expect``, retried when Meta says so."""
+
+        def attempt() -> dict[str, Any]:
             try:
-                return self.api.call(method, path, params=params)
+                return _checked(self.api.call(method, path, params=params), expect)
             except FacebookRequestError as error:
                 raise MetaError(
                     str(error.api_error_message()),
@@ -131,8 +135,10 @@ class MetaAudiences:
     def ensure_audience(self, target: DestinationAudience) -> str:
         """The audience's id, found by name first so a lost id never creates a duplicate."""
         name = f"{target.destination.tenant_id}: {target.audience}"
-        listing = self._call("GET", (self.account, "customaudiences"), {"fields": "id,name"})
-        for audience in _checked(listing, "data")["data"]:
+        listing = self._call(
+            "GET", (self.account, "customaudiences"), {"fields": "id,name"}, "data"
+        )
+        for audience in listing["data"]:
             if audience.get("name") == name:
                 return str(audience["id"])
         created = self._call(
@@ -145,8 +151,9 @@ class MetaAudiences:
                 "description": f"Audience {target.audience} of {target.destination.tenant_id},"
                 " kept in sync by the customer data platform.",
             },
+            "id",
         )
-        return str(_checked(created, "id")["id"])
+        return str(created["id"])
 
     def _users(self, platform_id: str, rows: list[Row], *, remove: bool) -> BatchResult:
         params: dict[str, Any] = {
@@ -160,7 +167,7 @@ class MetaAudiences:
         }
         if remove:
             params["method"] = "DELETE"
-        body = _checked(self._call("POST", (platform_id, "users"), params), "num_received")
+        body = self._call("POST", (platform_id, "users"), params, "num_received")
         return BatchResult(rejected=_invalid_rows(body, len(rows)))
 
     def add(self, platform_id: str, rows: list[Row]) -> BatchResult:
@@ -181,13 +188,13 @@ class MetaAudiences:
                 "payload": {"schema": META_SCHEMA, "data": rows},
                 "session": {"session_id": session_id, "batch_seq": seq, "last_batch_flag": last},
             }
-            _checked(self._call("POST", (platform_id, "usersreplace"), params), "num_received")
+            self._call("POST", (platform_id, "usersreplace"), params, "num_received")
             requests += 1
         return BatchResult(requests=requests)
 
     def match_info(self, platform_id: str) -> dict[str, Any]:
         fields = "approximate_count_lower_bound,approximate_count_upper_bound,operation_status"
-        body = _checked(self._call("GET", (platform_id,), {"fields": fields}), "id")
+        body = self._call("GET", (platform_id,), {"fields": fields}, "id")
         status = body.get("operation_status") or {}
         return {
             "approximate_count_lower_bound": body.get("approximate_count_lower_bound"),

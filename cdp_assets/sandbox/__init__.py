@@ -3,6 +3,9 @@
 ``Store``/``StoreSpec`` generate the data (and are the truth tests compare against),
 ``build_app`` is the Starlette app, ``SandboxProcess`` runs it in a subprocess with fault
 switches, ``credentials_for`` gives the app key/token the sandbox accepts for an account.
+
+``MetaSandbox`` is the separate, in-process Meta Graph API sandbox for Custom Audiences (see
+:mod:`cdp_assets.sandbox.meta_graph`).
 """
 
 from cdp_assets.sandbox.faults import FaultConfig
@@ -15,6 +18,7 @@ from cdp_assets.sandbox.generator import (
     format_ticks,
     parse_ticks,
 )
+from cdp_assets.sandbox.meta_graph import META_FAULT_KINDS, MetaSandbox, RecordedRequest
 from cdp_assets.sandbox.server import (
     SandboxProcess,
     build_app,
@@ -25,8 +29,11 @@ from cdp_assets.sandbox.server import (
 
 __all__ = [
     "MALFORMED_KINDS",
+    "META_FAULT_KINDS",
     "STATUSES",
     "FaultConfig",
+    "MetaSandbox",
+    "RecordedRequest",
     "SandboxProcess",
     "StatusChange",
     "Store",

@@ -1,0 +1,550 @@
+"""Loopback Meta Graph API sandbox for customer-file Custom Audiences.
+
+:class:`MetaSandbox` serves the Graph paths ``facebook-business`` uses for Custom Audiences on
+``127.0.0.1`` from a uvicorn thread, so the real SDK can be tested end to end::
+
+    with MetaSandbox({"tok": ["act_123"]}) as sandbox:
+        session = FacebookSession(access_token="tok")
+        session.GRAPH = sandbox.graph_url  # instance attribute; the class default stays intact
+        api = FacebookAdsApi(session)  # not FacebookAdsApi.init(): that installs a crash reporter
+
+Routes, under any ``/v{N}.{M}`` version prefix: ``GET``/``POST /act_{id}/customaudiences``,
+``GET /{audience_id}``, ``POST``/``DELETE /{audience_id}/users`` (``POST`` with ``method=DELETE``
+removes) and ``POST /{audience_id}/usersreplace``; any other path or method is Graph's
+"Unsupported request" error (code 100, subcode 33). Audience rules live in
+:mod:`cdp_assets.sandbox.meta_audiences`.
+
+Each Graph request goes through, in order:
+
+1. URL length: over :data:`MAX_URL_BYTES` is answered 414 with an HTML page, as a front-end proxy
+   would. The SDK's ``delete_users``/``remove_users`` put the whole payload in the query string,
+   which is why they fail on batches of a few hundred rows in production.
+2. Injected faults (:meth:`MetaSandbox.inject`), answered before any state is touched.
+3. The access token (code 190 if unknown) and the ad account it may use (code 200 if not).
+4. The route's handler.
+
+Every request, whatever its outcome, is recorded with ``payload``/``session`` parsed from JSON.
+State is guarded by one lock: handlers run in Starlette's threadpool while tests read the state
+from their own thread.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import itertools
+import re
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass
+from functools import partial
+from types import TracebackType
+from typing import Any
+from urllib.parse import parse_qsl
+
+import orjson
+import uvicorn
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from cdp_assets.sandbox.meta_audiences import (
+    READABLE_FIELDS,
+    Audience,
+    AudienceBook,
+    GraphError,
+    invalid_parameter,
+    read_fields,
+)
+
+MAX_URL_BYTES = 16 * 1024
+# Faults answered with a Graph error body ("bad_gateway_html" is the one that is not). Built per
+# request: re-raising one exception instance would keep growing its traceback.
+_FAULT_ERRORS: dict[str, Callable[[], GraphError]] = {
+    "rate_limit": partial(
+        GraphError,
+        80003,
+        "(#80003) There have been too many calls to this ad-account. Wait a bit and try again.",
+        subcode=2446289,
+        transient=True,
+    ),
+    "user_rate_limit": partial(
+        GraphError, 17, "(#17) User request limit reached", subcode=2446079, transient=True
+    ),
+    "account_rate_limit": partial(
+        GraphError,
+        613,
+        "(#613) Calls to this api have exceeded the rate limit.",
+        subcode=1487742,
+        transient=True,
+    ),
+    "app_rate_limit": partial(
+        GraphError, 4, "(#4) Application request limit reached", transient=True
+    ),
+    "server_error": partial(
+        GraphError,
+        2,
+        "An unexpected error has occurred. Please retry your request later.",
+        status=500,
+        transient=True,
+    ),
+    "invalid_parameter": partial(invalid_parameter, "Invalid parameter"),
+    "sensitive_category": partial(
+        GraphError,
+        100,
+        "Invalid parameter",
+        subcode=1713230,
+        user_title="Audience Upload Blocked",
+        user_msg="Resolve the integrity restrictions on this customer file audience before "
+        "updating its members.",
+    ),
+}
+META_FAULT_KINDS: tuple[str, ...] = (*_FAULT_ERRORS, "bad_gateway_html")
+
+_JSON = "application/json"
+_HTML = "text/html"
+_JSON_PARAMS = ("payload", "session")
+_VERSION = re.compile(r"v\d+\.\d+")
+_BAD_GATEWAY = (
+    b"<html><head><title>502 Bad Gateway</title></head><body>"
+    b"<center><h1>502 Bad Gateway</h1></center></body></html>"
+)
+_URI_TOO_LONG = (
+    b"<html><head><title>414 Request-URI Too Large</title></head><body>"
+    b"<center><h1>414 Request-URI Too Large</h1></center></body></html>"
+)
+# h11 rejects a request line longer than this with a bare 400 before the app sees it; keep it
+# far above MAX_URL_BYTES so oversized URLs get the sandbox's 414 instead.
+_H11_MAX_EVENT_BYTES = 64 * 1024 * 1024
+_ALL_METHODS = ["GET", "POST", "DELETE", "PUT", "PATCH"]
+
+
+@dataclass(frozen=True)
+class RecordedRequest:
+    """One Graph request as the sandbox saw it; ``payload``/``session`` are parsed JSON."""
+
+    method: str
+    path: str
+    query: dict[str, Any]
+    form: dict[str, Any]
+    status: int
+    at: float  # time.time() when it arrived
+    seconds: float  # server-side handling time
+    fault: str | None  # injected fault kind that answered it
+
+    @property
+    def payload(self) -> Any:
+        """The upload payload, from the body or (for a real ``DELETE``) the query string."""
+        return self.form.get("payload", self.query.get("payload"))
+
+    @property
+    def session(self) -> Any:
+        return self.form.get("session", self.query.get("session"))
+
+
+@dataclass(frozen=True)
+class _Reply:
+    status: int
+    body: bytes
+    media_type: str
+
+
+def _account_id(value: str) -> str:
+    digits = str(value).removeprefix("act_")
+    if not digits.isdigit():
+        raise ValueError(f"not an ad account id: {value!r}")
+    return digits
+
+
+def _params(pairs: Iterable[tuple[str, str]]) -> dict[str, Any]:
+    params: dict[str, Any] = dict(pairs)
+    for name in _JSON_PARAMS:
+        if name in params:
+            # Left as text if it is not JSON: the handler reports it as an invalid parameter.
+            with contextlib.suppress(orjson.JSONDecodeError):
+                params[name] = orjson.loads(params[name])
+    return params
+
+
+def _unsupported(method: str, node: str) -> GraphError:
+    return GraphError(
+        100,
+        f"Unsupported {method.lower()} request. Object with ID '{node}' does not exist, cannot "
+        "be loaded due to missing permissions, or does not support this operation.",
+        subcode=33,
+    )
+
+
+def _permission_error(what: str) -> GraphError:
+    return GraphError(
+        200,
+        "(#200) Permissions error",
+        user_title="Permissions error",
+        user_msg=f"The access token may not use {what}.",
+    )
+
+
+@dataclass(frozen=True)
+class _Call:
+    graph: _Graph
+    accounts: frozenset[str]
+    method: str  # HTTP method as sent
+    path_params: dict[str, str]
+    params: dict[str, Any]  # query and form fields merged, as Graph reads them
+
+    def account(self) -> str:
+        account = self.path_params["account"]
+        if account not in self.accounts:
+            raise _permission_error(f"ad account act_{account}")
+        return account
+
+    def audience(self) -> Audience:
+        audience_id = self.path_params["audience_id"]
+        audience = self.graph.book.by_id.get(audience_id)
+        if audience is None:
+            raise _unsupported(self.method, audience_id)
+        if audience.account_id not in self.accounts:
+            raise _permission_error(f"custom audience {audience_id}")
+        return audience
+
+    def required(self, name: str) -> Any:
+        if name not in self.params:
+            raise invalid_parameter(f"The parameter {name} is required")
+        return self.params[name]
+
+
+Handler = Callable[[_Call], dict[str, Any]]
+
+
+def _cursor(audience_id: str) -> str:
+    return base64.urlsafe_b64encode(audience_id.encode()).decode()
+
+
+def _list_audiences(call: _Call) -> dict[str, Any]:
+    fields = read_fields(call.params.get("fields"))
+    data = [audience.read(fields) for audience in call.graph.book.in_account(call.account())]
+    if not data:
+        return {"data": []}
+    # No "next" link: the SDK's Cursor stops after this page.
+    cursors = {"before": _cursor(data[0]["id"]), "after": _cursor(data[-1]["id"])}
+    return {"data": data, "paging": {"cursors": cursors}}
+
+
+def _create_audience(call: _Call) -> dict[str, Any]:
+    return {"id": call.graph.book.create(call.account(), call.params).id}
+
+
+def _read_audience(call: _Call) -> dict[str, Any]:
+    return call.audience().read(read_fields(call.params.get("fields")))
+
+
+def _users(call: _Call) -> dict[str, Any]:
+    remove = call.method == "DELETE" or str(call.params.get("method", "")).upper() == "DELETE"
+    return call.graph.book.update_users(
+        call.audience(), call.required("payload"), call.params.get("session"), remove=remove
+    )
+
+
+def _users_replace(call: _Call) -> dict[str, Any]:
+    return call.graph.book.replace_users(
+        call.audience(), call.required("payload"), call.required("session")
+    )
+
+
+def _no_route(call: _Call) -> dict[str, Any]:
+    segments = [segment for segment in call.path_params["path"].split("/") if segment]
+    raise _unsupported(call.method, segments[-1] if segments else "")
+
+
+class _Graph:
+    """Everything the app serves and records, guarded by ``lock``."""
+
+    def __init__(self, access_tokens: Mapping[str, Iterable[str]]) -> None:
+        self.tokens: dict[str, frozenset[str]] = {}
+        for token, accounts in access_tokens.items():
+            if isinstance(accounts, str):
+                raise TypeError(f"accounts of token {token!r} must be a collection of ids")
+            self.tokens[token] = frozenset(_account_id(account) for account in accounts)
+        self.book = AudienceBook()
+        self.lock = threading.Lock()
+        self.recorded: list[RecordedRequest] = []
+        self.faults: deque[tuple[str, str]] = deque()  # (kind, path_contains), oldest first
+        self._trace_ids = itertools.count(1)
+
+    def handle(
+        self,
+        handler: Handler,
+        method: str,
+        path: str,
+        path_params: dict[str, str],
+        query_string: bytes,
+        body: bytes,
+        url_bytes: int,
+    ) -> _Reply:
+        arrived = time.time()
+        started = time.perf_counter()
+        # Parsing a 10,000-row body takes most of the request's time, so it stays outside the lock.
+        query = _params(parse_qsl(query_string.decode("latin-1"), keep_blank_values=True))
+        form = _params(parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True))
+        with self.lock:
+            fault = None
+            try:
+                if url_bytes > MAX_URL_BYTES:
+                    reply = _Reply(414, _URI_TOO_LONG, _HTML)
+                else:
+                    fault = self._take_fault(path)
+                    if fault == "bad_gateway_html":
+                        reply = _Reply(502, _BAD_GATEWAY, _HTML)
+                    elif fault is not None:
+                        raise _FAULT_ERRORS[fault]()
+                    else:
+                        call = self._call(method, path, path_params, {**query, **form})
+                        reply = _Reply(200, orjson.dumps(handler(call)), _JSON)
+            except GraphError as error:
+                trace_id = f"SandboxTrace{next(self._trace_ids):010d}"
+                reply = _Reply(error.status, orjson.dumps(error.body(trace_id)), _JSON)
+            self.recorded.append(
+                RecordedRequest(
+                    method,
+                    path,
+                    query,
+                    form,
+                    reply.status,
+                    arrived,
+                    time.perf_counter() - started,
+                    fault,
+                )
+            )
+        return reply
+
+    def _call(
+        self, method: str, path: str, path_params: dict[str, str], params: dict[str, Any]
+    ) -> _Call:
+        token = params.get("access_token")
+        if not token:
+            raise GraphError(190, "An access token is required to request this resource.")
+        accounts = self.tokens.get(token)
+        if accounts is None:
+            raise GraphError(190, "Invalid OAuth access token - Cannot parse access token")
+        version = path_params.get("version")
+        if version is not None and not _VERSION.fullmatch(version):
+            raise _unsupported(method, path)
+        return _Call(self, accounts, method, path_params, params)
+
+    def _take_fault(self, path: str) -> str | None:
+        for index, (kind, path_contains) in enumerate(self.faults):
+            if path_contains in path:
+                del self.faults[index]
+                return kind
+        return None
+
+    def requests(self, path_contains: str | None) -> list[RecordedRequest]:
+        with self.lock:
+            return [r for r in self.recorded if path_contains is None or path_contains in r.path]
+
+    def audiences(self, account_id: str) -> list[dict[str, Any]]:
+        with self.lock:
+            return [a.read(READABLE_FIELDS) for a in self.book.in_account(account_id)]
+
+    def accounts(self) -> list[str]:
+        with self.lock:
+            known = set(self.book.by_account).union(*self.tokens.values())
+        return sorted(known)
+
+
+def _graph_route(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
+    async def endpoint(request: Request) -> Response:
+        graph: _Graph = request.app.state.graph
+        scope = request.scope
+        query_string: bytes = scope["query_string"]
+        url_bytes = len(scope["raw_path"]) + (len(query_string) + 1 if query_string else 0)
+        body = await request.body()
+        reply = await run_in_threadpool(
+            graph.handle,
+            handler,
+            request.method,
+            scope["path"],
+            dict(request.path_params),
+            query_string,
+            body,
+            url_bytes,
+        )
+        return Response(reply.body, status_code=reply.status, media_type=reply.media_type)
+
+    return endpoint
+
+
+async def _admin_requests(request: Request) -> Response:
+    graph: _Graph = request.app.state.graph
+    recorded = graph.requests(request.query_params.get("path_contains"))
+    return Response(orjson.dumps([asdict(r) for r in recorded]), media_type=_JSON)
+
+
+async def _admin_audiences(request: Request) -> Response:
+    graph: _Graph = request.app.state.graph
+    body = {f"act_{account}": graph.audiences(account) for account in graph.accounts()}
+    return Response(orjson.dumps(body), media_type=_JSON)
+
+
+def _build_app(graph: _Graph) -> Starlette:
+    graph_api = "/{version}"
+    routes = [
+        # Before the Graph routes, which would otherwise take "_sandbox" for a version.
+        Route("/_sandbox/requests", _admin_requests, methods=["GET"]),
+        Route("/_sandbox/audiences", _admin_audiences, methods=["GET"]),
+        Route(
+            f"{graph_api}/act_{{account}}/customaudiences",
+            _graph_route(_list_audiences),
+            methods=["GET"],
+        ),
+        Route(
+            f"{graph_api}/act_{{account}}/customaudiences",
+            _graph_route(_create_audience),
+            methods=["POST"],
+        ),
+        Route(
+            f"{graph_api}/{{audience_id}}/users", _graph_route(_users), methods=["POST", "DELETE"]
+        ),
+        Route(
+            f"{graph_api}/{{audience_id}}/usersreplace",
+            _graph_route(_users_replace),
+            methods=["POST"],
+        ),
+        # The SDK reads a node as "/{id}/" (its endpoint is "/"); curl users write "/{id}".
+        Route(f"{graph_api}/{{audience_id}}/", _graph_route(_read_audience), methods=["GET"]),
+        Route(f"{graph_api}/{{audience_id}}", _graph_route(_read_audience), methods=["GET"]),
+        # Also catches known paths with the wrong method: Starlette's plain-text 404/405 bodies
+        # would read as success to the SDK, which judges a response by its body.
+        Route("/{path:path}", _graph_route(_no_route), methods=_ALL_METHODS),
+    ]
+    app = Starlette(routes=routes)
+    app.state.graph = graph
+    return app
+
+
+class MetaSandbox:
+    """The Graph sandbox on an ephemeral 127.0.0.1 port, served from a background thread.
+
+    ``access_tokens`` maps each accepted token to the ad accounts (``act_123`` or ``123``) it may
+    use. Use as a context manager, or call :meth:`start` and :meth:`stop`.
+    """
+
+    def __init__(self, access_tokens: Mapping[str, Iterable[str]]) -> None:
+        self._graph = _Graph(access_tokens)
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+        self._listener: socket.socket | None = None
+        self._port: int | None = None
+
+    @property
+    def graph_url(self) -> str:
+        """What to assign to ``FacebookSession.GRAPH``."""
+        if self._port is None:
+            raise RuntimeError("the Meta sandbox has not been started")
+        return f"http://127.0.0.1:{self._port}"
+
+    def start(self) -> MetaSandbox:
+        if self._server is not None:
+            raise RuntimeError("the Meta sandbox is already running")
+        # Bound here rather than by uvicorn so the port is known before the thread runs.
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(128)
+        self._listener = listener
+        self._port = listener.getsockname()[1]
+        config = uvicorn.Config(
+            _build_app(self._graph),
+            http="h11",
+            h11_max_incomplete_event_size=_H11_MAX_EVENT_BYTES,
+            lifespan="off",
+            log_config=None,
+            log_level="warning",
+            access_log=False,
+        )
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(
+            target=self._server.run,
+            kwargs={"sockets": [listener]},
+            name=f"meta-sandbox-{self._port}",
+            daemon=True,
+        )
+        self._thread.start()
+        deadline = time.monotonic() + 10
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError("the Meta sandbox did not start")
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        if self._listener is not None:
+            self._listener.close()
+        self._server = self._thread = self._listener = None
+        self._port = None
+
+    def __enter__(self) -> MetaSandbox:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def requests(self, path_contains: str | None = None) -> list[RecordedRequest]:
+        """Recorded Graph requests, oldest first, optionally only paths containing a substring."""
+        return self._graph.requests(path_contains)
+
+    def clear_requests(self) -> None:
+        with self._graph.lock:
+            self._graph.recorded.clear()
+
+    def members(self, audience_id: str) -> list[dict[str, str]]:
+        """The audience's members, each as its last uploaded row without empty keys.
+
+        Raises ``KeyError`` for an audience id the sandbox never created.
+        """
+        with self._graph.lock:
+            audience = self._graph.book.by_id[audience_id]
+            return [dict(row) for row in audience.members.values()]
+
+    def audiences(self, account_id: str) -> list[dict[str, Any]]:
+        """The account's audiences with every readable Graph field, oldest first."""
+        return self._graph.audiences(_account_id(account_id))
+
+    def inject(self, fault: str, *, times: int = 1, path_contains: str = "/users") -> None:
+        """Answer the next ``times`` requests whose path contains ``path_contains`` with a fault.
+
+        Queued faults are consumed in order by matching requests (``"/users"`` also matches
+        ``/usersreplace``). A faulted request never reaches its handler, so membership is
+        unchanged. Kinds: :data:`META_FAULT_KINDS`.
+        """
+        if fault not in META_FAULT_KINDS:
+            raise ValueError(f"unknown fault {fault!r}; expected one of {META_FAULT_KINDS}")
+        if times < 1:
+            raise ValueError("times must be at least 1")
+        with self._graph.lock:
+            self._graph.faults.extend([(fault, path_contains)] * times)
+
+    def clear_faults(self) -> None:
+        with self._graph.lock:
+            self._graph.faults.clear()
+            self._graph.book.refused = frozenset()
+
+    def refuse(self, values: Iterable[str]) -> None:
+        """Drop rows holding any of these values as invalid (counted, sampled by row index),
+        as Meta does with rows it will not accept; ``clear_faults`` forgets them."""
+        with self._graph.lock:
+            self._graph.book.refused = frozenset(values)

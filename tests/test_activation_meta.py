@@ -1,0 +1,310 @@
+"""Meta Custom Audiences activation: the real asset and SDK against the Graph sandbox."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import dagster as dg
+import psycopg
+import pytest
+from activation_support import (
+    AUDIENCE,
+    activation_warehouse,
+    add_tenant_with_customers,
+    register_destination,
+    runs,
+    set_members,
+)
+
+from cdp_assets.activation.destinations import Destination
+from cdp_assets.activation.identifiers import normalize_email, normalize_phone, sha256_hex
+from cdp_assets.lib.warehouse import WarehouseResource
+from cdp_assets.meta.assets import meta_custom_audiences
+from cdp_assets.meta.resources import MetaResource
+from cdp_assets.partitions import tenants
+from cdp_assets.sandbox.meta_graph import MetaSandbox
+
+TOKEN_REF = "META_TEST_TOKEN"
+TOKEN = "meta-test-token"
+ACCOUNT = "4242"
+
+
+@pytest.fixture(scope="module")
+def url():
+    with activation_warehouse() as warehouse:
+        yield warehouse
+
+
+@pytest.fixture(scope="module")
+def sandbox():
+    os.environ[TOKEN_REF] = TOKEN
+    with MetaSandbox({TOKEN: [ACCOUNT]}) as meta:
+        yield meta
+
+
+@pytest.fixture(autouse=True)
+def no_faults(sandbox):
+    sandbox.clear_faults()
+    yield
+    sandbox.clear_faults()
+
+
+def setup(url: str, tenant_id: str, customers: int, members, **settings) -> Destination:
+    destination = Destination(
+        f"{tenant_id}_meta",
+        tenant_id,
+        "meta",
+        ACCOUNT,
+        credential_refs={"access_token": TOKEN_REF},
+        **settings,
+    )
+    with psycopg.connect(url) as conn:
+        add_tenant_with_customers(conn, tenant_id, customers)
+        set_members(conn, tenant_id, members)
+        register_destination(conn, destination)
+    return destination
+
+
+def push(instance, url, sandbox, tenant_id, **config) -> dg.ExecuteInProcessResult:
+    instance.add_dynamic_partitions(tenants.name, [tenant_id])
+    return dg.materialize(
+        [meta_custom_audiences],
+        partition_key=tenant_id,
+        instance=instance,
+        resources={
+            "warehouse": WarehouseResource(url=url),
+            "meta": MetaResource(graph_url=sandbox.graph_url, retry_base_seconds=0.01),
+        },
+        run_config={"ops": {"meta_custom_audiences": {"config": config}}},
+        raise_on_error=False,
+    )
+
+
+def outcome(result: dg.ExecuteInProcessResult) -> dict:
+    """The single destination audience row of the run's metadata table."""
+    events = result.get_asset_materialization_events()
+    if events:
+        table = events[0].materialization.metadata["audiences"].value
+    else:
+        (failure,) = [e for e in result.all_events if e.is_step_failure]
+        table = failure.step_failure_data.user_failure_data.metadata["audiences"].value
+    (record,) = table.records
+    return record.data
+
+
+def audience_id(sandbox: MetaSandbox, tenant_id: str) -> str:
+    (audience,) = [a for a in sandbox.audiences(ACCOUNT) if a["name"] == f"{tenant_id}: {AUDIENCE}"]
+    return audience["id"]
+
+
+def member_keys(sandbox: MetaSandbox, tenant_id: str) -> set[str]:
+    return {row["EXTERN_ID"] for row in sandbox.members(audience_id(sandbox, tenant_id))}
+
+
+def matchable(tenant_id: str, numbers) -> set[str]:
+    return {f"{tenant_id}-{i}" for i in numbers if i % 10 != 9}
+
+
+def user_requests(sandbox: MetaSandbox, tenant_id: str) -> list:
+    """Requests that carried members for this tenant's audience."""
+    audience = audience_id(sandbox, tenant_id)
+    return [r for r in sandbox.requests(f"/{audience}/users") if r.payload]
+
+
+def test_first_push_then_unchanged_push(instance, url, sandbox) -> None:
+    setup(url, "meta_first", 300, range(250))
+    first = push(instance, url, sandbox, "meta_first")
+    assert first.success
+    row = outcome(first)
+    assert (row["status"], row["desired"], row["unmatchable"], row["added"]) == (
+        "synced",
+        225,
+        25,
+        225,
+    )
+    assert member_keys(sandbox, "meta_first") == matchable("meta_first", range(250))
+    # Rows are hashed with our normalization: e-mail trimmed and lower-cased, phone E.164.
+    one = next(
+        m
+        for m in sandbox.members(audience_id(sandbox, "meta_first"))
+        if m["EXTERN_ID"] == "meta_first-7"
+    )
+    assert one["EMAIL"] == sha256_hex("cliente.7@exemplo.com.br")
+    assert one["PHONE"] == sha256_hex("5511960070007")
+    assert one["FN"] == sha256_hex("josé") and one["LN"] == sha256_hex("conceição")
+    (upload,) = user_requests(sandbox, "meta_first")
+    assert upload.payload["schema"] == ["EXTERN_ID", "EMAIL", "PHONE", "FN", "LN", "COUNTRY"]
+    assert upload.session["batch_seq"] == 1 and upload.session["last_batch_flag"] is True
+
+    second = push(instance, url, sandbox, "meta_first")
+    row = outcome(second)
+    assert (row["added"], row["removed"], row["unchanged"]) == (0, 0, 225)
+    assert len(user_requests(sandbox, "meta_first")) == 1  # nothing carrying members
+    with psycopg.connect(url) as conn:
+        history = runs(conn, "meta_first_meta")
+    assert [(r["status"], r["added"], r["unchanged"]) for r in history] == [
+        ("synced", 225, 0),
+        ("synced", 0, 225),
+    ]
+    assert all(r["dagster_run_id"] for r in history)
+
+
+def test_partial_change_sends_only_the_difference(instance, url, sandbox) -> None:
+    setup(url, "meta_partial", 400, range(200))
+    assert push(instance, url, sandbox, "meta_partial").success
+    with psycopg.connect(url) as conn:
+        set_members(conn, "meta_partial", range(20, 230))  # 20 leave, 30 join
+        conn.execute(
+            "UPDATE marts.customers SET email = 'New.Address@Exemplo.com'"
+            " WHERE customer_key = 'meta_partial-100'"
+        )
+        conn.commit()
+    result = push(instance, url, sandbox, "meta_partial")
+    row = outcome(result)
+    # 18 matchable leavers + the changed member's old row; 27 matchable joiners + its new row.
+    assert (row["removed"], row["added"]) == (19, 28)
+    assert member_keys(sandbox, "meta_partial") == matchable("meta_partial", range(20, 230))
+    changed = next(
+        m
+        for m in sandbox.members(audience_id(sandbox, "meta_partial"))
+        if m["EXTERN_ID"] == "meta_partial-100"
+    )
+    assert changed["EMAIL"] == sha256_hex("new.address@exemplo.com")
+    removal, addition = user_requests(sandbox, "meta_partial")[-2:]
+    assert removal.form.get("method") == "DELETE" and removal.method == "POST"
+    assert len(removal.payload["data"]) == 19 and len(addition.payload["data"]) == 28
+
+
+def test_mass_removal_is_refused_then_forced_in_post_batches(instance, url, sandbox) -> None:
+    setup(url, "meta_mass", 25_000, range(25_000))
+    assert push(instance, url, sandbox, "meta_mass").success
+    uploads = user_requests(sandbox, "meta_mass")
+    assert [len(r.payload["data"]) for r in uploads] == [10_000, 10_000, 2_500]
+    with psycopg.connect(url) as conn:
+        set_members(conn, "meta_mass", range(1_000))
+
+    refused = push(instance, url, sandbox, "meta_mass")
+    assert refused.success
+    row = outcome(refused)
+    assert row["status"] == "refused" and "force" in row["reason"]
+    assert len(user_requests(sandbox, "meta_mass")) == 3
+    assert len(member_keys(sandbox, "meta_mass")) == 22_500
+
+    forced = push(instance, url, sandbox, "meta_mass", force=True)
+    assert outcome(forced)["removed"] == 21_600
+    removals = user_requests(sandbox, "meta_mass")[3:]
+    assert [len(r.payload["data"]) for r in removals] == [10_000, 10_000, 1_600]
+    assert all(r.method == "POST" and r.form["method"] == "DELETE" for r in removals)
+    assert member_keys(sandbox, "meta_mass") == matchable("meta_mass", range(1_000))
+
+
+def test_dry_run_and_size_floor_send_nothing(instance, url, sandbox) -> None:
+    setup(url, "meta_dry", 300, range(300))
+    before = len(sandbox.requests())
+    dry = push(instance, url, sandbox, "meta_dry", dry_run=True)
+    row = outcome(dry)
+    assert (row["status"], row["added"], row["desired"]) == ("dry_run", 270, 270)
+    assert len(sandbox.requests()) == before  # not even the audience was created
+    with psycopg.connect(url) as conn:
+        assert conn.execute(
+            "SELECT count(*) FROM cdp.destination_members WHERE destination_id = 'meta_dry_meta'"
+        ).fetchone() == (0,)
+        set_members(conn, "meta_dry", range(50))
+    small = push(instance, url, sandbox, "meta_dry")
+    row = outcome(small)
+    assert row["status"] == "skipped" and "minimum of 100" in row["reason"]
+    assert len(sandbox.requests()) == before
+
+
+def test_rate_limits_and_html_502_are_retried(instance, url, sandbox) -> None:
+    setup(url, "meta_retry", 200, range(200))
+    sandbox.inject("rate_limit", times=2)
+    sandbox.inject("bad_gateway_html")
+    result = push(instance, url, sandbox, "meta_retry")
+    assert result.success
+    assert member_keys(sandbox, "meta_retry") == matchable("meta_retry", range(200))
+    faulted = [r.fault for r in sandbox.requests("/users") if r.fault]
+    assert faulted == ["rate_limit", "rate_limit", "bad_gateway_html"]
+
+
+def test_a_refused_batch_fails_the_run_and_keeps_state(instance, url, sandbox) -> None:
+    setup(url, "meta_refused", 200, range(200))
+    sandbox.inject("invalid_parameter")
+    failed = push(instance, url, sandbox, "meta_refused")
+    assert not failed.success
+    row = outcome(failed)
+    assert row["status"] == "failed" and "code=100" in row["reason"]
+    with psycopg.connect(url) as conn:
+        (history,) = runs(conn, "meta_refused_meta")
+        assert history["status"] == "failed" and "code=100" in history["reason"]
+        assert conn.execute(
+            "SELECT count(*) FROM cdp.destination_members"
+            " WHERE destination_id = 'meta_refused_meta'"
+        ).fetchone() == (0,)
+    assert push(instance, url, sandbox, "meta_refused").success  # the next run catches up
+    assert member_keys(sandbox, "meta_refused") == matchable("meta_refused", range(200))
+
+
+def test_full_replace_uses_a_replace_session(instance, url, sandbox) -> None:
+    setup(url, "meta_replace", 300, range(150))
+    assert push(instance, url, sandbox, "meta_replace").success
+    with psycopg.connect(url) as conn:
+        set_members(conn, "meta_replace", range(100, 260))
+    result = push(instance, url, sandbox, "meta_replace", full_replace=True, force=True)
+    assert outcome(result)["status"] == "synced"
+    replaces = sandbox.requests(f"/{audience_id(sandbox, 'meta_replace')}/usersreplace")
+    assert [r.session["last_batch_flag"] for r in replaces] == [True]
+    assert member_keys(sandbox, "meta_replace") == matchable("meta_replace", range(100, 260))
+    again = outcome(push(instance, url, sandbox, "meta_replace"))  # state matches the platform
+    assert (again["unchanged"], again["added"], again["removed"]) == (144, 0, 0)
+
+
+def test_tenants_never_mix_and_no_raw_pii_leaves(instance, url, sandbox) -> None:
+    setup(url, "meta_a", 150, range(150))
+    setup(url, "meta_b", 150, range(150))
+    results = [push(instance, url, sandbox, t) for t in ("meta_a", "meta_b")]
+    assert member_keys(sandbox, "meta_a") == matchable("meta_a", range(150))
+    assert member_keys(sandbox, "meta_b") == matchable("meta_b", range(150))
+
+    with psycopg.connect(url) as conn:
+        raw = conn.execute(
+            "SELECT email, phone_e164 FROM marts.customers"
+            " WHERE tenant_id IN ('meta_a', 'meta_b') AND email IS NOT NULL"
+        ).fetchall()
+    clear = set()
+    for email, phone in raw:
+        clear |= {email.strip(), normalize_email(email)}
+        e164 = normalize_phone(phone, "BR")
+        clear |= {phone, e164, e164[1:]}
+    sent = [json.dumps([r.query, r.form]) for r in sandbox.requests()]
+    logs = [entry.user_message for result in results for entry in instance.all_logs(result.run_id)]
+    metadata = [
+        json.dumps(str(value.value))
+        for result in results
+        for event in result.get_asset_materialization_events()
+        for value in event.materialization.metadata.values()
+    ]
+    for text in sent + logs + metadata:
+        assert not any(value in text for value in clear)
+
+
+def test_rows_the_platform_refuses_are_recorded_and_sent_again(instance, url, sandbox) -> None:
+    setup(url, "meta_rejects", 200, range(200))
+    refused = sha256_hex("cliente.12@exemplo.com.br")
+    sandbox.refuse([refused])
+    first = outcome(push(instance, url, sandbox, "meta_rejects"))
+    assert (first["added"], first["rejected"]) == (179, 1)
+    with psycopg.connect(url) as conn:
+        (reject,) = conn.execute(
+            "SELECT j.member_key, j.operation, j.reason FROM cdp.activation_rejects j"
+            " JOIN cdp.activation_runs r USING (activation_run_id)"
+            " WHERE r.destination_id = 'meta_rejects_meta'"
+        ).fetchall()
+    assert reject == ("meta_rejects-12", "add", "row refused by the platform")
+    assert "meta_rejects-12" not in member_keys(sandbox, "meta_rejects")
+
+    sandbox.clear_faults()
+    second = outcome(push(instance, url, sandbox, "meta_rejects"))
+    assert (second["added"], second["rejected"], second["unchanged"]) == (1, 0, 179)
+    assert member_keys(sandbox, "meta_rejects") == matchable("meta_rejects", range(200))

@@ -1,0 +1,476 @@
+"""Meta Graph sandbox driven through the real ``facebook-business`` SDK over loopback HTTP.
+
+One sandbox serves the module; each test makes its own audience, so membership never leaks
+between tests, while faults and recorded requests are reset around every test.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import requests
+from facebook_business.adobjects.adaccount import AdAccount
+from facebook_business.adobjects.customaudience import CustomAudience
+from facebook_business.api import FacebookAdsApi
+from facebook_business.exceptions import FacebookRequestError
+from facebook_business.session import FacebookSession
+
+from cdp_assets.sandbox import META_FAULT_KINDS, MetaSandbox
+
+TOKEN = "sandbox-token"
+OTHER_TOKEN = "other-token"
+ACCOUNT = "act_1001"
+OTHER_ACCOUNT = "act_2002"
+CAP_ACCOUNT = "3003"  # only the audience-cap test creates audiences here
+SCHEMA = ["EXTERN_ID", "EMAIL", "PHONE", "FN", "COUNTRY"]
+CREATE = {"subtype": "CUSTOM", "customer_file_source": "USER_PROVIDED_ONLY"}
+
+
+def sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def person(n: int) -> list[str]:
+    """A SCHEMA row for customer n."""
+    return [f"cust-{n}", sha(f"user{n}@example.com"), sha(f"1555{n:07d}"), sha("mary"), sha("us")]
+
+
+def people(start: int, stop: int) -> list[list[str]]:
+    return [person(n) for n in range(start, stop)]
+
+
+def upload(rows: list[Any], schema: Any = SCHEMA) -> dict[str, Any]:
+    return {"schema": schema, "data": rows}
+
+
+def graph_api(sandbox: MetaSandbox, token: str | None = TOKEN, version: str | None = None):
+    session = FacebookSession(access_token=token)
+    session.GRAPH = sandbox.graph_url
+    return FacebookAdsApi(session, api_version=version)
+
+
+@pytest.fixture(scope="module")
+def sandbox() -> Iterator[MetaSandbox]:
+    tokens = {TOKEN: [ACCOUNT, CAP_ACCOUNT], OTHER_TOKEN: [OTHER_ACCOUNT]}
+    with MetaSandbox(tokens) as running:
+        yield running
+
+
+@pytest.fixture(autouse=True)
+def _clean(sandbox: MetaSandbox) -> Iterator[None]:
+    sandbox.clear_faults()
+    sandbox.clear_requests()
+    yield
+    sandbox.clear_faults()
+
+
+@pytest.fixture(scope="module")
+def api(sandbox: MetaSandbox) -> FacebookAdsApi:
+    return graph_api(sandbox)
+
+
+@pytest.fixture
+def audience(api: FacebookAdsApi, request: pytest.FixtureRequest) -> CustomAudience:
+    params = {"name": request.node.name, **CREATE}
+    created = AdAccount(ACCOUNT, api=api).create_custom_audience(params=params)
+    return CustomAudience(created["id"], api=api)
+
+
+def add(audience: CustomAudience, rows: list[Any], schema: Any = SCHEMA, **params: Any) -> Any:
+    return audience.create_user(params={"payload": upload(rows, schema), **params})
+
+
+def extern_ids(sandbox: MetaSandbox, audience: CustomAudience) -> set[str]:
+    return {row["EXTERN_ID"] for row in sandbox.members(audience["id"]) if "EXTERN_ID" in row}
+
+
+def graph_error(call: Any) -> FacebookRequestError:
+    with pytest.raises(FacebookRequestError) as caught:
+        call()
+    return caught.value
+
+
+# ----- audiences ----------------------------------------------------------------------------------
+
+
+def test_create_and_read_back(sandbox: MetaSandbox, api: FacebookAdsApi) -> None:
+    params = {"name": "VIP buyers", "description": "spent > 1000", **CREATE}
+    created = AdAccount(ACCOUNT, api=api).create_custom_audience(params=params)
+    assert isinstance(created, CustomAudience) and created["id"].isdigit()
+
+    fields = [
+        "name",
+        "description",
+        "subtype",
+        "customer_file_source",
+        "approximate_count_lower_bound",
+        "approximate_count_upper_bound",
+        "operation_status",
+        "delivery_status",
+    ]
+    node = CustomAudience(created["id"], api=api).api_get(fields=fields)
+    assert node["name"] == "VIP buyers" and node["description"] == "spent > 1000"
+    assert node["subtype"] == "CUSTOM" and node["customer_file_source"] == "USER_PROVIDED_ONLY"
+    assert node["approximate_count_lower_bound"] == node["approximate_count_upper_bound"] == 0
+    assert node["operation_status"]["code"] == 200
+    assert node["operation_status"]["description"] == "Normal"
+    assert node["delivery_status"]["code"] == 200
+
+    listed = list(AdAccount(ACCOUNT, api=api).get_custom_audiences(fields=["id", "name"]))
+    assert {"id": created["id"], "name": "VIP buyers"} in [dict(a) for a in listed]
+    assert created["id"] in [a["id"] for a in sandbox.audiences(ACCOUNT)]
+    # The SDK form-encodes create parameters; the sandbox records them as sent.
+    (post,) = [r for r in sandbox.requests("/customaudiences") if r.method == "POST"]
+    assert post.form == {**params, "subtype": "CUSTOM"}
+
+    with pytest.warns(UserWarning, match="does not allow field nme"):  # the SDK only warns
+        error = graph_error(lambda: CustomAudience(created["id"], api=api).api_get(fields=["nme"]))
+    assert error.api_error_code() == 100 and "nme" in error.api_error_message()
+
+
+def test_listing_an_account_without_audiences_is_empty(sandbox: MetaSandbox) -> None:
+    other = graph_api(sandbox, OTHER_TOKEN)
+    assert list(AdAccount(OTHER_ACCOUNT, api=other).get_custom_audiences(fields=["id"])) == []
+
+
+@pytest.mark.filterwarnings("ignore:value of customer_file_source might not be compatible")
+@pytest.mark.parametrize(
+    ("account", "params", "code"),
+    [
+        (ACCOUNT, {"name": "x", "subtype": "CUSTOM"}, 100),  # no customer_file_source
+        (ACCOUNT, {"name": "x", "subtype": "LOOKALIKE", "customer_file_source": "BOTH"}, 100),
+        (ACCOUNT, {"name": "x", "subtype": "CUSTOM", "customer_file_source": "BOTH"}, 100),
+        (ACCOUNT, {"subtype": "CUSTOM", "customer_file_source": "USER_PROVIDED_ONLY"}, 100),
+        (OTHER_ACCOUNT, {"name": "x", **CREATE}, 200),  # the token does not own this account
+    ],
+)
+def test_create_rejects_bad_requests(
+    sandbox: MetaSandbox, api: FacebookAdsApi, account: str, params: dict[str, str], code: int
+) -> None:
+    error = graph_error(lambda: AdAccount(account, api=api).create_custom_audience(params=params))
+    assert error.api_error_code() == code and error.http_status() == 400
+    assert error.body()["error"]["type"] == "OAuthException"
+    assert sandbox.audiences(OTHER_ACCOUNT) == []
+
+
+def test_customer_file_audiences_are_capped_at_500_per_account(
+    sandbox: MetaSandbox, api: FacebookAdsApi
+) -> None:
+    account = AdAccount(f"act_{CAP_ACCOUNT}", api=api)
+    for n in range(500):
+        account.create_custom_audience(params={"name": f"segment {n}", **CREATE})
+    error = graph_error(
+        lambda: account.create_custom_audience(params={"name": "one more", **CREATE})
+    )
+    assert error.api_error_code() == 100 and "500" in error.api_error_message()
+    assert len(sandbox.audiences(CAP_ACCOUNT)) == 500
+
+
+# ----- adding and removing members ------------------------------------------------------------
+
+
+def test_multi_key_adds_are_idempotent_and_counted(
+    sandbox: MetaSandbox, audience: CustomAudience
+) -> None:
+    session = {"session_id": 11, "batch_seq": 1, "last_batch_flag": True}
+    result = add(audience, people(0, 3), session=session)
+    assert result["audience_id"] == audience["id"] and result["session_id"] == "11"
+    assert result["num_received"] == 3 and result["num_invalid_entries"] == 0
+    assert extern_ids(sandbox, audience) == {"cust-0", "cust-1", "cust-2"}
+    member = next(m for m in sandbox.members(audience["id"]) if m["EXTERN_ID"] == "cust-1")
+    assert member == dict(zip(SCHEMA, person(1), strict=True))
+
+    again = add(audience, people(1, 4), session=session)
+    assert again["num_received"] == 6  # rows received in session 11 so far
+    node = audience.api_get(
+        fields=["approximate_count_lower_bound", "approximate_count_upper_bound"]
+    )
+    assert node["approximate_count_lower_bound"] == node["approximate_count_upper_bound"] == 4
+
+
+def test_remove_with_post_method_delete(sandbox: MetaSandbox, audience: CustomAudience) -> None:
+    add(audience, people(0, 4))
+    by_email = sha("solo@example.com")
+    add(audience, [by_email], schema="EMAIL_SHA256")
+    assert len(sandbox.members(audience["id"])) == 5
+
+    result = add(audience, [["cust-1"], ["cust-3"]], schema=["EXTERN_ID"], method="DELETE")
+    assert result["num_received"] == 2
+    add(audience, [by_email], schema="EMAIL_SHA256", method="DELETE")
+    assert extern_ids(sandbox, audience) == {"cust-0", "cust-2"}
+    assert len(sandbox.members(audience["id"])) == 2
+    removals = [r for r in sandbox.requests("/users") if r.form.get("method") == "DELETE"]
+    assert [r.method for r in removals] == ["POST", "POST"]
+
+
+def test_sdk_delete_fails_on_a_long_url_but_post_delete_works(
+    sandbox: MetaSandbox, api: FacebookAdsApi, audience: CustomAudience
+) -> None:
+    rows = people(0, 1000)
+    add(audience, rows)
+    # SDK quirk: the 414 HTML page is not an error to the SDK, whose response parser then
+    # fails on the text body with a TypeError instead of raising FacebookRequestError.
+    with pytest.raises(TypeError):
+        audience.delete_users(params={"payload": upload(rows)})
+    raw = api.call("DELETE", (audience["id"], "users"), params={"payload": upload(rows)})
+    assert raw.status() == 414 and "414" in raw.body()
+    assert [r.status for r in sandbox.requests("/users") if r.method == "DELETE"] == [414, 414]
+    assert len(sandbox.members(audience["id"])) == 1000
+
+    # A short real DELETE does get through: the failure is the URL length, not the verb.
+    assert audience.delete_users(params={"payload": upload(rows[:3])})["num_received"] == 3
+    assert len(sandbox.members(audience["id"])) == 997
+    result = add(audience, rows[3:], method="DELETE")
+    assert result["num_received"] == 997 and sandbox.members(audience["id"]) == []
+
+
+def test_badly_hashed_rows_are_counted_and_dropped(
+    sandbox: MetaSandbox, audience: CustomAudience
+) -> None:
+    good = person(1)
+    rows = [
+        good,
+        ["cust-2", "mary@example.com", "", "", ""],  # unhashed email
+        ["cust-3", sha("x").upper(), "", "", ""],  # uppercase hex
+        ["cust-4", "", sha("y")[:63], "", ""],  # truncated digest
+        ["", "", "", "", ""],  # nothing to match on
+        ["cust-5", "", "", "", ""],  # EXTERN_ID alone is enough
+    ]
+    result = add(audience, rows)
+    assert result["num_received"] == 6 and result["num_invalid_entries"] == 4
+    assert set(result["invalid_entry_samples"]) == {"1", "2", "3", "4"}
+    assert "EMAIL" in result["invalid_entry_samples"]["1"]
+    assert extern_ids(sandbox, audience) == {"cust-1", "cust-5"}
+
+
+def test_batch_limit_is_10000_rows(sandbox: MetaSandbox, audience: CustomAudience) -> None:
+    rows = people(0, 10_001)
+    error = graph_error(lambda: add(audience, rows))
+    assert error.api_error_code() == 100 and "10000" in error.api_error_message()
+    assert sandbox.members(audience["id"]) == []
+
+    assert add(audience, rows[:10_000])["num_received"] == 10_000
+    assert len(sandbox.members(audience["id"])) == 10_000
+    assert sandbox.requests("/users")[-1].seconds < 0.5
+
+
+@pytest.mark.parametrize(
+    ("schema", "rows", "message"),
+    [
+        (SCHEMA, [person(1), person(2)[:4]], "does not match schema"),
+        (SCHEMA, [person(1)[0]], "does not match schema"),  # flat row for a multi-key schema
+        ("EMAIL_SHA256", [[sha("a")]], "does not match schema"),  # list row, single-key schema
+        (SCHEMA, [], "does not match schema"),
+        (["EXTERN_ID", "EMAIL_ADDRESS"], [["a", sha("a")]], "EMAIL_ADDRESS"),
+        ("EMAIL", [sha("a")], "Invalid schema"),
+        (["EMAIL", "EMAIL"], [[sha("a"), sha("a")]], "Duplicate"),
+    ],
+)
+def test_malformed_payloads_are_rejected_whole(
+    sandbox: MetaSandbox, audience: CustomAudience, schema: Any, rows: list[Any], message: str
+) -> None:
+    error = graph_error(lambda: add(audience, rows, schema=schema))
+    assert error.api_error_code() == 100 and message in error.api_error_message()
+    assert sandbox.members(audience["id"]) == []
+
+
+# ----- faults ---------------------------------------------------------------------------------
+
+ERROR_FAULTS = {
+    # kind: (code, subcode, is_transient, HTTP status)
+    "rate_limit": (80003, 2446289, True, 400),
+    "user_rate_limit": (17, 2446079, True, 400),
+    "account_rate_limit": (613, 1487742, True, 400),
+    "app_rate_limit": (4, None, True, 400),
+    "server_error": (2, None, True, 500),
+    "invalid_parameter": (100, None, False, 400),
+    "sensitive_category": (100, 1713230, False, 400),
+}
+
+
+def test_every_fault_kind_is_covered() -> None:
+    assert set(META_FAULT_KINDS) == {*ERROR_FAULTS, "bad_gateway_html"}
+
+
+@pytest.mark.parametrize("kind", sorted(ERROR_FAULTS))
+def test_injected_fault_raises_and_changes_nothing(
+    sandbox: MetaSandbox, audience: CustomAudience, kind: str
+) -> None:
+    add(audience, people(0, 2))
+    sandbox.inject(kind)
+    error = graph_error(lambda: add(audience, people(2, 5)))
+    code, subcode, transient, status = ERROR_FAULTS[kind]
+    assert (error.api_error_code(), error.api_error_subcode()) == (code, subcode)
+    assert error.api_transient_error() is transient and error.http_status() == status
+    assert extern_ids(sandbox, audience) == {"cust-0", "cust-1"}
+    assert sandbox.requests("/users")[-1].fault == kind
+
+    add(audience, people(2, 5))  # the fault was used up by one request
+    assert len(sandbox.members(audience["id"])) == 5
+
+
+def test_bad_gateway_html_comes_back_as_a_response(
+    sandbox: MetaSandbox, api: FacebookAdsApi, audience: CustomAudience
+) -> None:
+    sandbox.inject("bad_gateway_html", times=2)
+    params = {"payload": upload(people(0, 3))}
+    response = api.call("POST", (audience["id"], "users"), params=params)
+    # SDK quirk: is_success() reads the body, so an HTML 502 is a "success" and raises nothing.
+    assert response.status() == 502 and response.is_success()
+    assert "502 Bad Gateway" in response.body()
+    with pytest.raises(TypeError):  # the generated method chokes on the text body instead
+        add(audience, people(0, 3))
+    assert sandbox.members(audience["id"]) == []
+
+
+def test_faults_match_paths_in_order_and_can_be_cleared(
+    sandbox: MetaSandbox, api: FacebookAdsApi, audience: CustomAudience
+) -> None:
+    sandbox.inject("user_rate_limit", times=2, path_contains="/customaudiences")
+    add(audience, people(0, 1))  # /users does not match, so it leaves the queue alone
+    account = AdAccount(ACCOUNT, api=api)
+    for _ in range(2):
+        error = graph_error(lambda: account.create_custom_audience(params={"name": "x", **CREATE}))
+        assert error.api_error_code() == 17
+    account.create_custom_audience(params={"name": "x", **CREATE})
+
+    sandbox.inject("server_error", times=3)
+    sandbox.clear_faults()
+    add(audience, people(1, 2))
+    assert len(sandbox.members(audience["id"])) == 2
+    with pytest.raises(ValueError):
+        sandbox.inject("timeout")
+
+
+# ----- replace sessions -------------------------------------------------------------------------
+
+
+def replace(audience: CustomAudience, rows: list[Any], session_id: int, seq: int, last: bool):
+    session = {"session_id": session_id, "batch_seq": seq, "last_batch_flag": last}
+    return audience.create_users_replace(params={"payload": upload(rows), "session": session})
+
+
+def test_replace_session_swaps_membership_on_the_last_batch(
+    sandbox: MetaSandbox, audience: CustomAudience
+) -> None:
+    add(audience, people(0, 5))
+    first = replace(audience, people(3, 6), session_id=77, seq=1, last=False)
+    assert first["num_received"] == 3
+    # Staged rows are not members yet; the audience reports the replace and refuses /users.
+    assert extern_ids(sandbox, audience) == {f"cust-{n}" for n in range(5)}
+    status = audience.api_get(fields=["operation_status"])["operation_status"]
+    assert status["code"] != 200
+    error = graph_error(lambda: add(audience, people(9, 10)))
+    assert (error.api_error_code(), error.api_error_subcode()) == (2650, 1870145)
+
+    replace(audience, people(6, 8), session_id=77, seq=2, last=False)
+    replace(audience, people(6, 8), session_id=77, seq=2, last=False)  # a resent batch is fine
+    last = replace(audience, people(8, 9), session_id=77, seq=3, last=True)
+    assert last["num_received"] == 8
+    assert extern_ids(sandbox, audience) == {f"cust-{n}" for n in range(3, 9)}
+    node = audience.api_get(fields=["operation_status", "approximate_count_lower_bound"])
+    assert node["operation_status"]["code"] == 200 and node["approximate_count_lower_bound"] == 6
+    add(audience, people(9, 10))  # /users works again
+    assert len(sandbox.members(audience["id"])) == 7
+
+
+def test_replace_session_protocol_errors(sandbox: MetaSandbox, audience: CustomAudience) -> None:
+    def subcode(call: Any) -> tuple[int, int]:
+        error = graph_error(call)
+        return error.api_error_code(), error.api_error_subcode()
+
+    rows = people(0, 2)
+    assert subcode(lambda: replace(audience, rows, 5, seq=2, last=True)) == (2650, 1870147)
+    replace(audience, rows, 5, seq=1, last=False)
+    assert subcode(lambda: replace(audience, rows, 5, seq=1, last=False)) == (2650, 1870159)
+    assert subcode(lambda: replace(audience, rows, 6, seq=1, last=False)) == (2650, 1870145)
+    replace(audience, rows, 5, seq=2, last=True)
+    assert subcode(lambda: replace(audience, rows, 5, seq=3, last=True)) == (2650, 1870159)
+    missing_session = {"payload": upload(rows)}
+    error = graph_error(lambda: audience.create_users_replace(params=missing_session))
+    assert error.api_error_code() == 100
+    assert extern_ids(sandbox, audience) == {"cust-0", "cust-1"}
+
+
+# ----- tokens, versions, recording -----------------------------------------------------------
+
+
+def test_tokens_and_ownership(sandbox: MetaSandbox, audience: CustomAudience) -> None:
+    for token in ("not-a-token", None):
+        stranger = CustomAudience(audience["id"], api=graph_api(sandbox, token))
+        error = graph_error(lambda: stranger.api_get(fields=["name"]))  # noqa: B023
+        assert error.api_error_code() == 190 and error.api_error_type() == "OAuthException"
+    other = CustomAudience(audience["id"], api=graph_api(sandbox, OTHER_TOKEN))
+    error = graph_error(lambda: add(other, people(0, 1)))
+    assert error.api_error_code() == 200
+    assert sandbox.members(audience["id"]) == []
+
+
+def test_any_graph_version_and_unknown_paths(
+    sandbox: MetaSandbox, audience: CustomAudience
+) -> None:
+    older = CustomAudience(audience["id"], api=graph_api(sandbox, version="v19.0"))
+    assert older.api_get(fields=["name"])["name"] == audience.api_get(fields=["name"])["name"]
+    versioned = [r.path for r in sandbox.requests() if r.path.startswith("/v19.0/")]
+    assert versioned == [f"/v19.0/{audience['id']}/"]
+
+    api = graph_api(sandbox)
+    for method, path in [("GET", (audience["id"], "users")), ("POST", ("999", "users"))]:
+        error = graph_error(lambda: api.call(method, path))  # noqa: B023
+        assert (error.api_error_code(), error.api_error_subcode()) == (100, 33)
+
+
+def test_requests_are_recorded_with_parsed_payloads(
+    sandbox: MetaSandbox, audience: CustomAudience
+) -> None:
+    session = {"session_id": 42, "batch_seq": 1, "last_batch_flag": True}
+    add(audience, people(0, 2), session=session)
+    (recorded,) = sandbox.requests("/users")
+    assert recorded.method == "POST" and recorded.status == 200 and recorded.fault is None
+    assert recorded.payload == upload(people(0, 2)) and recorded.session == session
+    assert recorded.query["access_token"] == TOKEN
+    assert time.time() - 60 < recorded.at <= time.time()
+
+    served = requests.get(f"{sandbox.graph_url}/_sandbox/requests?path_contains=/users", timeout=5)
+    assert served.json()[0]["form"]["payload"]["data"] == people(0, 2)
+    listing = requests.get(f"{sandbox.graph_url}/_sandbox/audiences", timeout=5).json()
+    mine = next(a for a in listing[ACCOUNT] if a["id"] == audience["id"])
+    assert mine["approximate_count_upper_bound"] == 2
+    sandbox.clear_requests()
+    assert sandbox.requests() == []
+
+
+# ----- volume and concurrency ----------------------------------------------------------------
+
+
+def test_100k_adds_in_10_requests(sandbox: MetaSandbox, audience: CustomAudience) -> None:
+    started = time.perf_counter()
+    for batch in range(10):
+        session = {"session_id": 9, "batch_seq": batch + 1, "last_batch_flag": batch == 9}
+        result = add(audience, people(batch * 10_000, (batch + 1) * 10_000), session=session)
+        assert result["num_received"] == (batch + 1) * 10_000
+    elapsed = time.perf_counter() - started
+    assert len(sandbox.members(audience["id"])) == 100_000
+    assert elapsed < 10, f"100k rows took {elapsed:.1f} s"
+    assert max(r.seconds for r in sandbox.requests("/users")) < 0.5
+
+
+def test_concurrent_uploads_lose_nothing(sandbox: MetaSandbox, audience: CustomAudience) -> None:
+    def worker(offset: int) -> None:
+        # One API per thread: the SDK's requests.Session is not meant to be shared.
+        mine = CustomAudience(audience["id"], api=graph_api(sandbox))
+        for start in range(offset, offset + 500, 100):
+            add(mine, people(start, start + 100))
+
+    threads = [threading.Thread(target=worker, args=(n * 1000,)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(sandbox.members(audience["id"])) == 2000
+    assert [r.status for r in sandbox.requests("/users")] == [200] * 20
