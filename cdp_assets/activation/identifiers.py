@@ -91,6 +91,7 @@ def normalize_phone(value: str | None, default_country: str) -> str | None:
     return phonenumbers.format_number(number, phonenumbers.PhoneNumberFormat.E164)
 
 
+@lru_cache(maxsize=65_536)  # names repeat across customers
 def normalize_name(value: str | None) -> str | None:
     if not value:
         return None

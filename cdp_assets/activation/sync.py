@@ -86,26 +86,29 @@ def fingerprint(row: Row) -> str:
     return hashlib.md5("\x1f".join(row).encode()).hexdigest()
 
 
-MemberSource = Callable[[], Iterator[tuple[str, Row]]]
+# (member_key, source_fingerprint, row): the fingerprint of the unhashed inputs lets a
+# source reuse the identifiers already confirmed for an unchanged member.
+MemberSource = Callable[[], Iterator[tuple[str, str, Row]]]
 
 
 def _load_desired(
-    conn: psycopg.Connection, members: Iterator[tuple[str, Row]], platform: Platform
+    conn: psycopg.Connection, members: Iterator[tuple[str, str, Row]], platform: Platform
 ) -> tuple[int, int]:
     conn.execute(
-        "CREATE TEMP TABLE IF NOT EXISTS desired_members"
-        " (member_key text PRIMARY KEY, fingerprint text NOT NULL, identifiers text[] NOT NULL)"
+        "CREATE TEMP TABLE IF NOT EXISTS desired_members (member_key text PRIMARY KEY,"
+        " fingerprint text NOT NULL, source_fingerprint text NOT NULL,"
+        " identifiers text[] NOT NULL)"
     )
     conn.execute("TRUNCATE desired_members")
     desired = unmatchable = 0
     with conn.cursor().copy(
-        "COPY desired_members (member_key, fingerprint, identifiers) FROM STDIN"
+        "COPY desired_members (member_key, fingerprint, source_fingerprint, identifiers) FROM STDIN"
     ) as copy:
-        for member_key, row in members:
+        for member_key, source_fingerprint, row in members:
             if not platform.matchable(row):
                 unmatchable += 1
                 continue
-            copy.write_row((member_key, fingerprint(row), row))
+            copy.write_row((member_key, fingerprint(row), source_fingerprint, row))
             desired += 1
     conn.execute("ANALYZE desired_members")
     return desired, unmatchable
@@ -346,13 +349,14 @@ def _send_diff(
 def _upsert_members(conn: psycopg.Connection, key: dict[str, str], member_keys: list[str]) -> None:
     conn.execute(
         """
-        INSERT INTO cdp.destination_members
-            (destination_id, audience, member_key, fingerprint, identifiers)
-        SELECT %(destination_id)s, %(audience)s, member_key, fingerprint, identifiers
+        INSERT INTO cdp.destination_members (destination_id, audience, member_key,
+                                             fingerprint, source_fingerprint, identifiers)
+        SELECT %(destination_id)s, %(audience)s, member_key, fingerprint, source_fingerprint,
+               identifiers
         FROM desired_members WHERE member_key = ANY(%(keys)s)
         ON CONFLICT (destination_id, audience, member_key) DO UPDATE
            SET fingerprint = excluded.fingerprint, identifiers = excluded.identifiers,
-               confirmed_at = now()
+               source_fingerprint = excluded.source_fingerprint, confirmed_at = now()
         """,
         {**key, "keys": member_keys},
     )
@@ -377,9 +381,10 @@ def _replace(
     conn.execute(f"DELETE FROM cdp.destination_members WHERE {_STATE}", key)
     conn.execute(
         """
-        INSERT INTO cdp.destination_members
-            (destination_id, audience, member_key, fingerprint, identifiers)
-        SELECT %(destination_id)s, %(audience)s, member_key, fingerprint, identifiers
+        INSERT INTO cdp.destination_members (destination_id, audience, member_key,
+                                             fingerprint, source_fingerprint, identifiers)
+        SELECT %(destination_id)s, %(audience)s, member_key, fingerprint, source_fingerprint,
+               identifiers
         FROM desired_members
         """,
         key,

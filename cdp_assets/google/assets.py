@@ -35,9 +35,7 @@ def google_customer_match(
 
         def members(target: DestinationAudience):
             require_audience(conn, target.audience)
-            return lambda: audience_members(
-                url, tenant.tenant_id, target.audience, tenant.default_country, google_row
-            )
+            return lambda: audience_members(url, target, tenant.default_country, google_row)
 
         return activate(
             context,

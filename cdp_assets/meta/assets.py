@@ -38,9 +38,7 @@ def meta_custom_audiences(
 
         def members(target: DestinationAudience):
             require_audience(conn, target.audience)
-            return lambda: audience_members(
-                url, tenant.tenant_id, target.audience, tenant.default_country, meta_row
-            )
+            return lambda: audience_members(url, target, tenant.default_country, meta_row)
 
         return activate(
             context,

@@ -43,8 +43,9 @@ def rule_params(params: dict[str, Any]) -> dict[str, Any]:
 
 def collection_skus(
     conn: psycopg.Connection, tenant_id: str, params: dict[str, Any]
-) -> list[tuple[str, list[str]]]:
-    """(sku_id, [sku_id]) for the SKUs the rule selects, best first (at most top_n)."""
+) -> list[tuple[str, str, list[str]]]:
+    """(sku_id, sku_id, [sku_id]) for the SKUs the rule selects, best first (at most top_n):
+    a member of a collection is its SKU id, nothing to hash."""
     rule = rule_params(params)
     query = sql.SQL(
         """
@@ -68,4 +69,4 @@ def collection_skus(
         """
     ).format(audience=sql.Identifier(rule["audience"]), ranking=RANKINGS[rule["rank_by"]])
     rows = conn.execute(query, {"tenant_id": tenant_id, **rule}).fetchall()
-    return [(sku_id, [sku_id]) for (sku_id,) in rows]
+    return [(sku_id, sku_id, [sku_id]) for (sku_id,) in rows]

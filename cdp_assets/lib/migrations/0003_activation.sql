@@ -51,12 +51,15 @@ CREATE TABLE cdp.destination_audiences (
 
 -- Members the platform confirmed, hashed as sent (identifiers in the destination's row
 -- order; removals are sent from here, so a customer deleted upstream can still be removed).
+-- source_fingerprint digests the unhashed inputs: while they are unchanged the stored
+-- identifiers are reused instead of normalizing and hashing the member again.
 CREATE TABLE cdp.destination_members (
-    destination_id text NOT NULL,
-    audience       text NOT NULL,
-    member_key     text NOT NULL,
-    fingerprint    text NOT NULL,
-    identifiers    text[] NOT NULL,
+    destination_id     text NOT NULL,
+    audience           text NOT NULL,
+    member_key         text NOT NULL,
+    fingerprint        text NOT NULL,
+    source_fingerprint text NOT NULL,
+    identifiers        text[] NOT NULL,
     confirmed_at   timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (destination_id, audience, member_key),
     FOREIGN KEY (destination_id, audience)
