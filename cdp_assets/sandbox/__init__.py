@@ -5,8 +5,11 @@
 switches, ``credentials_for`` gives the app key/token the sandbox accepts for an account.
 
 ``MetaSandbox`` is the separate, in-process Meta Graph API sandbox for Custom Audiences (see
-:mod:`cdp_assets.sandbox.meta_graph`).
+:mod:`cdp_assets.sandbox.meta_graph`); ``GoogleSandbox`` the in-process gRPC sandbox for Google's
+Data Manager and Google Ads Customer Match APIs (see :mod:`cdp_assets.sandbox.google_grpc`).
 """
+
+from typing import Any
 
 from cdp_assets.sandbox.faults import FaultConfig
 from cdp_assets.sandbox.generator import (
@@ -32,9 +35,12 @@ __all__ = [
     "META_FAULT_KINDS",
     "STATUSES",
     "FaultConfig",
+    "GoogleSandbox",
     "MetaSandbox",
+    "RecordedCall",
     "RecordedRequest",
     "SandboxProcess",
+    "SandboxUserList",
     "StatusChange",
     "Store",
     "StoreSpec",
@@ -45,3 +51,15 @@ __all__ = [
     "run_sandbox",
     "serve",
 ]
+
+_GOOGLE_EXPORTS = frozenset({"GoogleSandbox", "RecordedCall", "SandboxUserList"})
+
+
+def __getattr__(name: str) -> Any:
+    # Imported on first use: grpc and the Google clients take about a second to import, which
+    # the VTEX sandbox subprocess (``python -m cdp_assets.sandbox``) should not pay.
+    if name in _GOOGLE_EXPORTS:
+        from cdp_assets.sandbox import google_grpc
+
+        return getattr(google_grpc, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
