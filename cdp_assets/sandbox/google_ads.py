@@ -419,6 +419,13 @@ class GoogleAdsApi:
         parsed: list[tuple[int, str, str | None]] = []
         for i, op in enumerate(operations):
             problem, kind, key = _parse_operation(op, i)
+            if problem is None and _refused(op, kind, self.store.refused):
+                problem = AdsError(
+                    "field_error",
+                    "INVALID_VALUE",
+                    "The value is not acceptable.",
+                    (("operations", i), (kind, None)),
+                )
             if problem is not None:
                 ads_errors.append(problem)
             else:
@@ -701,6 +708,15 @@ def _user_list_problem(user_list: Message, i: int) -> tuple[AdsError | None, int
                 0,
             )
     return None, days
+
+
+def _refused(op: Message, kind: str, refused: frozenset[str]) -> bool:
+    if not refused or kind not in ("create", "remove"):
+        return False
+    return any(
+        getattr(identifier, identifier.WhichOneof("identifier") or "hashed_email", "") in refused
+        for identifier in getattr(op, kind).user_identifiers
+    )
 
 
 def _parse_operation(op: Message, i: int) -> tuple[AdsError | None, str, str | None]:

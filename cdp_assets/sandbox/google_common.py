@@ -130,6 +130,8 @@ class AudienceStore:
     """Lists and their members. Handlers hold ``lock`` for every read-modify-write."""
 
     def __init__(self, clock: Callable[[], float], match_rate_percent: int) -> None:
+        # Hashed values whose operations Google Ads refuses (partial failure), see refuse().
+        self.refused: frozenset[str] = frozenset()
         if not 0 <= match_rate_percent <= 100:
             raise ValueError("match_rate_percent must lie in [0, 100]")
         self.clock = clock

@@ -55,7 +55,7 @@ the Data Manager client's default retry retries UNAVAILABLE with multi-second ba
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent import futures
 from types import TracebackType
 
@@ -161,6 +161,14 @@ class GoogleSandbox:
 
     def clear_faults(self) -> None:
         self._faults.clear()
+        with self._store.lock:
+            self._store.refused = frozenset()
+
+    def refuse(self, values: Iterable[str]) -> None:
+        """Google Ads operations carrying any of these hashed values fail (INVALID_VALUE,
+        reported by index under partial failure); ``clear_faults`` forgets them."""
+        with self._store.lock:
+            self._store.refused = frozenset(values)
 
     def members(self, user_list: int | str) -> set[str]:
         """Member keys of a list given by id or either API's resource name."""

@@ -1,0 +1,225 @@
+"""Google Customer Match activation: the real asset and clients against the gRPC sandbox,
+through the Data Manager API and through the Google Ads API."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import dagster as dg
+import psycopg
+import pytest
+from activation_support import (
+    activation_warehouse,
+    add_tenant_with_customers,
+    register_destination,
+    runs,
+    set_members,
+)
+
+from cdp_assets.activation.destinations import Destination
+from cdp_assets.activation.identifiers import sha256_hex
+from cdp_assets.google.assets import google_customer_match
+from cdp_assets.google.resources import GoogleResource
+from cdp_assets.lib.warehouse import WarehouseResource
+from cdp_assets.partitions import tenants
+from cdp_assets.sandbox.google_grpc import GoogleSandbox
+
+CUSTOMER = "1234567890"
+TOKEN_REF = "GOOGLE_ADS_TEST_DEVELOPER_TOKEN"
+
+
+@pytest.fixture(scope="module")
+def url():
+    with activation_warehouse() as warehouse:
+        yield warehouse
+
+
+@pytest.fixture(scope="module")
+def sandbox():
+    os.environ[TOKEN_REF] = "dev-token"
+    with GoogleSandbox(running_polls=0) as google:
+        yield google
+
+
+@pytest.fixture(autouse=True)
+def no_faults(sandbox):
+    sandbox.clear_faults()
+    yield
+    sandbox.clear_faults()
+
+
+def setup(url: str, tenant_id: str, platform: str, members, **settings) -> Destination:
+    destination = Destination(
+        f"{tenant_id}_google",
+        tenant_id,
+        platform,
+        CUSTOMER,
+        credential_refs={"developer_token": TOKEN_REF} if platform == "google_ads" else {},
+        ad_user_data_consent="GRANTED",
+        ad_personalization_consent="GRANTED",
+        **settings,
+    )
+    with psycopg.connect(url) as conn:
+        add_tenant_with_customers(conn, tenant_id, 400)
+        set_members(conn, tenant_id, members)
+        register_destination(conn, destination)
+    return destination
+
+
+def push(instance, url, sandbox, tenant_id, **config) -> dg.ExecuteInProcessResult:
+    instance.add_dynamic_partitions(tenants.name, [tenant_id])
+    return dg.materialize(
+        [google_customer_match],
+        partition_key=tenant_id,
+        instance=instance,
+        resources={
+            "warehouse": WarehouseResource(url=url),
+            "google": GoogleResource(sandbox_address=sandbox.address, retry_base_seconds=0.01),
+        },
+        run_config={"ops": {"google_customer_match": {"config": config}}},
+        raise_on_error=False,
+    )
+
+
+def outcome(result: dg.ExecuteInProcessResult) -> dict:
+    (event,) = result.get_asset_materialization_events()
+    (record,) = event.materialization.metadata["audiences"].value.records
+    return record.data
+
+
+def user_list(url: str, destination_id: str) -> str:
+    with psycopg.connect(url) as conn:
+        (name,) = conn.execute(
+            "SELECT platform_audience_id FROM cdp.destination_audiences WHERE destination_id = %s",
+            (destination_id,),
+        ).fetchone()
+    return name
+
+
+def expected_keys(tenant_id: str, numbers) -> set[str]:
+    """The sandbox keys members by their hashed e-mail (Google's gmail rules do not apply)."""
+    return {"email:" + sha256_hex(f"cliente.{i}@exemplo.com.br") for i in numbers if i % 10 != 9}
+
+
+def test_data_manager_first_push_change_and_unchanged(instance, url, sandbox) -> None:
+    setup(url, "g_dm", "google_data_manager", range(300))
+    first = push(instance, url, sandbox, "g_dm")
+    assert first.success
+    row = outcome(first)
+    assert (row["status"], row["added"], row["unmatchable"]) == ("synced", 270, 30)
+    assert "upload_match_rate_range=MATCH_RATE_RANGE_71_TO_80" in row["match_info"]
+    name = user_list(url, "g_dm_google")
+    assert sandbox.members(name) == expected_keys("g_dm", range(300))
+    (ingest,) = sandbox.requests("IngestAudienceMembers")
+    assert ingest.request["consent"] == {
+        "ad_user_data": "CONSENT_GRANTED",
+        "ad_personalization": "CONSENT_GRANTED",
+    }
+    member = ingest.request["audience_members"][0]["user_data"]["user_identifiers"]
+    assert member[1]["phone_number"] == sha256_hex("+5511960000000")  # E.164 with '+'
+
+    with psycopg.connect(url) as conn:
+        set_members(conn, "g_dm", range(50, 320))
+    second = outcome(push(instance, url, sandbox, "g_dm"))
+    assert (second["removed"], second["added"]) == (45, 18)
+    assert sandbox.members(name) == expected_keys("g_dm", range(50, 320))
+    (removal,) = sandbox.requests("RemoveAudienceMembers")
+    assert len(removal.request["audience_members"]) == 45
+
+    calls = len(sandbox.requests())
+    third = outcome(push(instance, url, sandbox, "g_dm"))
+    assert (third["added"], third["removed"], third["unchanged"]) == (0, 0, 243)
+    carrying = [c for c in sandbox.requests()[calls:] if c.method.endswith("AudienceMembers")]
+    assert carrying == []
+
+
+def test_data_manager_quota_errors_are_retried(instance, url, sandbox) -> None:
+    setup(url, "g_quota", "google_data_manager", range(150))
+    sandbox.inject("IngestAudienceMembers", "quota", times=2)
+    result = push(instance, url, sandbox, "g_quota")
+    assert result.success
+    codes = [c.code.name for c in sandbox.requests("IngestAudienceMembers")[-3:]]
+    assert codes == ["RESOURCE_EXHAUSTED", "RESOURCE_EXHAUSTED", "OK"]
+    assert sandbox.members(user_list(url, "g_quota_google")) == expected_keys("g_quota", range(150))
+
+
+def test_data_manager_daily_quota_fails_without_losing_state(instance, url, sandbox) -> None:
+    setup(url, "g_daily", "google_data_manager", range(150))
+    sandbox.inject("IngestAudienceMembers", "daily_quota")
+    result = push(instance, url, sandbox, "g_daily")
+    assert not result.success
+    with psycopg.connect(url) as conn:
+        (history,) = runs(conn, "g_daily_google")
+        assert history["status"] == "failed" and "ResourceExhausted" in history["reason"]
+        assert conn.execute(
+            "SELECT count(*) FROM cdp.destination_members WHERE destination_id = 'g_daily_google'"
+        ).fetchone() == (0,)
+    assert push(instance, url, sandbox, "g_daily").success
+
+
+def test_data_manager_full_replace_keeps_re_sent_members(instance, url) -> None:
+    hours_ago = [2.0]  # the sandbox's clock: the first push happens two hours earlier
+    with GoogleSandbox(clock=lambda: time.time() - 3600 * hours_ago[0]) as sandbox:
+        setup(url, "g_replace", "google_data_manager", range(200))
+        assert push(instance, url, sandbox, "g_replace").success
+        hours_ago[0] = 0.0
+        with psycopg.connect(url) as conn:
+            set_members(conn, "g_replace", range(100, 300))
+        result = push(instance, url, sandbox, "g_replace", full_replace=True, force=True)
+        assert outcome(result)["status"] == "synced"
+        (remove_all,) = sandbox.requests("RemoveAllAudienceMembers")
+        assert remove_all.request["remove_as_of_time"]
+        name = user_list(url, "g_replace_google")
+        # Members re-sent by the replace survive the removal as of its start; the rest go.
+        assert sandbox.members(name) == expected_keys("g_replace", range(100, 300))
+
+
+def test_google_ads_jobs_with_partial_failure(instance, url, sandbox) -> None:
+    setup(url, "g_ads", "google_ads", range(120), min_audience_size=10)
+    sandbox.refuse([sha256_hex("cliente.5@exemplo.com.br")])
+    first = push(instance, url, sandbox, "g_ads")
+    assert first.success
+    row = outcome(first)
+    assert (row["added"], row["rejected"]) == (107, 1)
+    assert "match_rate_range=MATCH_RANGE_71_TO_80" in row["match_info"]
+    name = user_list(url, "g_ads_google")
+    assert sandbox.members(name) == expected_keys("g_ads", range(120)) - expected_keys("g_ads", [5])
+    with psycopg.connect(url) as conn:
+        (reject,) = conn.execute(
+            "SELECT j.member_key, j.reason FROM cdp.activation_rejects j"
+            " JOIN cdp.activation_runs r USING (activation_run_id)"
+            " WHERE r.destination_id = 'g_ads_google'"
+        ).fetchall()
+    assert reject == ("g_ads-5", "The value is not acceptable.")
+    sandbox.clear_faults()
+    retried = outcome(push(instance, url, sandbox, "g_ads"))
+    assert (retried["added"], retried["unchanged"]) == (1, 107)
+    assert sandbox.members(name) == expected_keys("g_ads", range(120))
+    job = sandbox.requests("CreateOfflineUserDataJob")[0].request
+    assert job["job"]["customer_match_user_list_metadata"]["consent"] == {
+        "ad_user_data": "GRANTED",
+        "ad_personalization": "GRANTED",
+    }
+    ops = sandbox.requests("AddOfflineUserDataJobOperations")
+    assert [len(c.request["operations"]) for c in ops] == [108, 1]
+    assert all(c.request["enable_partial_failure"] is True for c in ops)
+    assert all(c.metadata.get("developer-token") == "dev-token" for c in ops)
+
+    with psycopg.connect(url) as conn:
+        set_members(conn, "g_ads", range(20, 120))
+    second = outcome(push(instance, url, sandbox, "g_ads"))
+    assert second["removed"] == 18
+    remove_job = sandbox.requests("CreateOfflineUserDataJob")[-1].request
+    assert "consent" not in remove_job["job"]["customer_match_user_list_metadata"]
+    assert sandbox.members(name) == expected_keys("g_ads", range(20, 120))
+
+
+def test_google_ads_not_allowlisted_fails_clearly(instance, url, sandbox) -> None:
+    setup(url, "g_denied", "google_ads", range(120), min_audience_size=10)
+    sandbox.inject("CreateOfflineUserDataJob", "not_allowlisted")
+    result = push(instance, url, sandbox, "g_denied")
+    assert not result.success
+    with psycopg.connect(url) as conn:
+        (history,) = runs(conn, "g_denied_google")
+    assert history["status"] == "failed" and "GoogleAdsException" in history["reason"]
