@@ -1,11 +1,14 @@
-"""Analytics end to end: sandbox -> VTEX assets -> dbt models, CLV fit, churn, audiences."""
+"""Analytics end to end: sandbox -> VTEX assets -> dbt models, CLV fit, churn, audiences,
+and on to the activation assets."""
 
 from __future__ import annotations
 
+import os
 from datetime import date
 
 import dagster as dg
 import pytest
+import requests
 from support import (
     assert_bands_rank_repurchase,
     dbt_build,
@@ -13,8 +16,11 @@ from support import (
     register,
     run_dbt,
     sync,
+    vtex_for,
 )
 
+from cdp_assets.activation.destinations import Destination, add_audience, add_destination
+from cdp_assets.activation.triggers import changed_audiences
 from cdp_assets.analytics.assets import (
     customer_predictions,
     dbt_audiences,
@@ -23,7 +29,11 @@ from cdp_assets.analytics.assets import (
 )
 from cdp_assets.analytics.dbt_project import dbt_resource
 from cdp_assets.lib.warehouse import WarehouseResource
-from cdp_assets.sandbox import SandboxProcess, StoreSpec
+from cdp_assets.meta.assets import meta_custom_audiences
+from cdp_assets.meta.resources import MetaResource
+from cdp_assets.sandbox import MetaSandbox, SandboxProcess, StoreSpec, credentials_for
+from cdp_assets.vtex.assets import vtex_product_collections
+from cdp_assets.vtex.collection_rules import collection_skus
 
 SEGMENTS = {
     "Champions",
@@ -207,3 +217,82 @@ def test_churn_bands_rank_the_holdout_repurchase_rate(analytics, conn, instance,
     rates = holdout_repurchase_rates(conn, HOLDOUT_TENANT, CALIBRATION_END)
     print("synthetic holdout repurchase rate by band:", rates)
     assert_bands_rank_repurchase(rates)
+
+
+def test_audiences_and_collections_reach_meta_and_vtex(analytics, conn, instance):
+    """The dbt-built audience and marts feed the activation assets: Meta receives the
+    Champions of an_big hashed, VTEX gets a collection of their best-selling SKUs, and a
+    second run sends nothing."""
+    os.environ["AN_META_TOKEN"] = "an-token"
+    add_destination(
+        conn,
+        Destination(
+            "an_big_meta",
+            "an_big",
+            "meta",
+            "777",
+            credential_refs={"access_token": "AN_META_TOKEN"},
+            min_audience_size=1,
+        ),
+    )
+    add_audience(conn, "an_big_meta", "audience_rfm_champions")
+    add_destination(
+        conn, Destination("an_big_vtex", "an_big", "vtex_collections", min_audience_size=1)
+    )
+    rule = {"audience": "audience_rfm_champions", "rank_by": "revenue", "days": 3650, "top_n": 12}
+    add_audience(conn, "an_big_vtex", "champions_best_sellers", rule)
+    conn.commit()
+    champions = conn.execute(
+        "SELECT count(*) FROM audiences.audience_rfm_champions a JOIN marts.customers c"
+        " USING (tenant_id, customer_key)"
+        " WHERE a.tenant_id = 'an_big' AND (c.email IS NOT NULL OR c.phone_e164 IS NOT NULL)"
+    ).fetchone()[0]
+    assert champions > 0
+    best_sellers = [sku for sku, _, _ in collection_skus(conn, "an_big", rule)]
+    assert len(best_sellers) == 12
+
+    with MetaSandbox({"an-token": ["777"]}) as meta, SandboxProcess([BIG]) as vtex_sandbox:
+        activation = {
+            "warehouse": WarehouseResource(),
+            "meta": MetaResource(graph_url=meta.graph_url),
+            "vtex": vtex_for(vtex_sandbox, collection_writes_per_second=200),
+        }
+        for attempt in ("first", "second"):
+            result = dg.materialize(
+                [meta_custom_audiences, vtex_product_collections],
+                partition_key="an_big",
+                instance=instance,
+                resources=activation,
+            )
+            pushed = {
+                event.asset_key.path[-1]: event.materialization.metadata
+                for event in result.get_asset_materialization_events()
+            }
+            added = {name: m["added"].value for name, m in pushed.items()}
+            if attempt == "first":
+                assert added == {
+                    "meta_custom_audiences": champions,
+                    "vtex_product_collections": 12,
+                }
+            else:
+                assert added == {"meta_custom_audiences": 0, "vtex_product_collections": 0}
+        (audience,) = meta.audiences("777")
+        assert len(meta.members(audience["id"])) == champions
+        (collection_id,) = conn.execute(
+            "SELECT split_part(platform_audience_id, '/', 1) FROM cdp.destination_audiences"
+            " WHERE destination_id = 'an_big_vtex'"
+        ).fetchone()
+        listed = requests.get(
+            f"{vtex_sandbox.account_url('bigshop')}/api/catalog/pvt/collection/{collection_id}"
+            "/products",
+            params={"pageSize": 50},
+            headers=dict(
+                zip(
+                    ("X-VTEX-API-AppKey", "X-VTEX-API-AppToken"),
+                    credentials_for("bigshop"),
+                    strict=True,
+                )
+            ),
+        ).json()
+        assert sorted(str(row["SkuId"]) for row in listed["Data"]) == sorted(best_sellers)
+    assert changed_audiences(conn).get("an_big", {}).get("meta") is None
