@@ -14,6 +14,7 @@ from pathlib import Path
 import click
 import psycopg
 
+from cdp_assets.activation.cli import destinations
 from cdp_assets.lib.warehouse import migrated_url
 from cdp_assets.tenants.registry import Tenant, TenantError, add_tenant, list_tenants, set_active
 
@@ -31,6 +32,9 @@ def main() -> None:
 
     The database is DATABASE_URL, or an embedded PostgreSQL under CDP_HOME (default ~/.cdp).
     """
+
+
+main.add_command(destinations)
 
 
 @main.command()

@@ -1,4 +1,5 @@
-"""The end-to-end demo: embedded Postgres, the VTEX sandbox, three tenants, every VTEX asset."""
+"""The end-to-end demo: embedded Postgres, the VTEX, Meta and Google sandboxes, three tenants,
+every asset from VTEX ingestion to audiences pushed and collections written."""
 
 from __future__ import annotations
 
@@ -12,13 +13,21 @@ from datetime import UTC, date, datetime
 import dagster as dg
 import psycopg
 
+from cdp_assets.activation.destinations import Destination, add_audience, add_destination
+from cdp_assets.activation.triggers import activation_push
 from cdp_assets.analytics.jobs import ANALYTICS_JOB, AUDIENCES_JOB
 from cdp_assets.definitions import defs
 from cdp_assets.lib.dagster_home import prepare_dagster_home
 from cdp_assets.lib.database import cdp_home
 from cdp_assets.lib.warehouse import migrated_url
 from cdp_assets.partitions import order_months, tenant_month_range_tags, tenants
-from cdp_assets.sandbox import SandboxProcess, StoreSpec, credentials_for
+from cdp_assets.sandbox import (
+    GoogleSandbox,
+    MetaSandbox,
+    SandboxProcess,
+    StoreSpec,
+    credentials_for,
+)
 from cdp_assets.tenants.registry import Tenant, add_tenant
 from cdp_assets.tenants.sensors import plan_tenant_partitions
 from cdp_assets.vtex.jobs import ORDERS_SYNC_JOB, TENANT_SYNC_JOB
@@ -97,6 +106,68 @@ def register_demo_tenants(conn, sandbox: SandboxProcess) -> list[Tenant]:
     return registered
 
 
+DEMO_META_ACCOUNT = "1000000001"
+DEMO_GOOGLE_CUSTOMER = "1234567890"
+META_TOKEN_REF = "META_DEMO_ACCESS_TOKEN"
+GOOGLE_TOKEN_REF = "GOOGLE_ADS_DEMO_DEVELOPER_TOKEN"
+META_DEMO_TOKEN = "demo-meta-token"  # what the Meta sandbox accepts; not a real secret
+BEST_SELLERS = {"audience": "audience_rfm_champions", "rank_by": "revenue", "days": 730}
+WIN_BACK = {"audience": "audience_rfm_at_risk", "rank_by": "buyers", "days": 730, "top_n": 30}
+# (destination, audiences or collection rules): each tenant uses a different mix.
+DEMO_DESTINATIONS = {
+    "acme": [
+        ("meta", ["audience_rfm_champions", "audience_high_clv", "audience_win_back"]),
+        ("vtex_collections", {"champions_best_sellers": BEST_SELLERS}),
+    ],
+    "globex": [
+        ("meta", ["audience_rfm_champions", "audience_rfm_at_risk", "audience_high_churn_risk"]),
+        ("google_data_manager", ["audience_rfm_loyal_customers", "audience_high_clv"]),
+        ("vtex_collections", {"win_back_picks": WIN_BACK}),
+    ],
+    "initech": [
+        ("google_ads", ["audience_rfm_champions", "audience_rfm_cant_lose_them"]),
+        ("meta", ["audience_rfm_loyal_customers", "audience_new_customers"]),
+    ],
+}
+
+
+def demo_sandboxes() -> contextlib.ExitStack:
+    """Meta and Google sandboxes in this process; runs find them through the environment."""
+    stack = contextlib.ExitStack()
+    meta = stack.enter_context(MetaSandbox({META_DEMO_TOKEN: [DEMO_META_ACCOUNT]}))
+    google = stack.enter_context(GoogleSandbox())
+    os.environ["META_GRAPH_URL"] = meta.graph_url
+    os.environ["GOOGLE_SANDBOX_ADDRESS"] = google.address
+    os.environ[META_TOKEN_REF] = META_DEMO_TOKEN
+    os.environ[GOOGLE_TOKEN_REF] = "demo-developer-token"
+    return stack
+
+
+def register_demo_destinations(conn: psycopg.Connection) -> None:
+    for tenant_id, destinations in DEMO_DESTINATIONS.items():
+        for platform, audiences in destinations:
+            destination = Destination(
+                f"{tenant_id}_{platform}",
+                tenant_id,
+                platform,
+                {"meta": DEMO_META_ACCOUNT, "vtex_collections": ""}.get(
+                    platform, DEMO_GOOGLE_CUSTOMER
+                ),
+                credential_refs={
+                    "meta": {"access_token": META_TOKEN_REF},
+                    "google_ads": {"developer_token": GOOGLE_TOKEN_REF},
+                }.get(platform, {}),
+                ad_user_data_consent="GRANTED",
+                ad_personalization_consent="GRANTED",
+                min_audience_size=1 if platform == "vtex_collections" else 100,
+            )
+            add_destination(conn, destination)
+            rules = audiences if isinstance(audiences, dict) else dict.fromkeys(audiences, {})
+            for audience, params in rules.items():
+                add_audience(conn, destination.destination_id, audience, params)
+    conn.commit()
+
+
 def sync_tenant_partitions(instance: dg.DagsterInstance, conn) -> list[str]:
     """What the tenant sensor does on a tick, applied at once."""
     existing = set(instance.get_dynamic_partitions(tenants.name))
@@ -165,6 +236,12 @@ SELECT tenant_id, string_agg(DISTINCT model, ','), count(*),
        sum(clv_1y), sum(clv_3y), sum(clv_5y)
   FROM analytics_python.customer_predictions WHERE tenant_id = ANY(%s) GROUP BY 1 ORDER BY 1
 """
+ACTIVATION_SQL = """
+SELECT DISTINCT ON (destination_id, audience) destination_id, audience, status, added, removed,
+       unchanged, rejected, coalesce(reason, match_info::text)
+  FROM cdp.activation_runs WHERE tenant_id = ANY(%s)
+ ORDER BY destination_id, audience, activation_run_id DESC
+"""
 SEGMENTS_SQL = """
 SELECT tenant_id, segment, count(*) FROM marts.rfm_segments
  WHERE tenant_id = ANY(%s) GROUP BY 1, 2 ORDER BY 1, 3 DESC
@@ -199,19 +276,47 @@ def print_summary(
         echo(f"{tenant_id:<10}" + (", ".join(segments.get(tenant_id, [])) or "no segments"))
 
 
+def print_activation(
+    conn: psycopg.Connection, tenant_ids: list[str], echo: Callable[[str], None]
+) -> None:
+    echo("")
+    echo(
+        f"{'destination':<30}{'audience':<32}{'status':<9}{'added':>7}{'removed':>8}"
+        f"{'unchanged':>10}{'rejected':>9}  details"
+    )
+    for destination, audience, status, *counts, details in conn.execute(
+        ACTIVATION_SQL, (tenant_ids,)
+    ).fetchall():
+        echo(
+            f"{destination:<30}{audience:<32}{status:<9}{counts[0]:>7}{counts[1]:>8}"
+            f"{counts[2]:>10}{counts[3]:>9}  {details[:90]}"
+        )
+
+
 def run_demo(echo: Callable[[str], None] = print) -> None:
     started = time.monotonic()
     url = migrated_url()
     prepare_dagster_home(url)
     echo(f"warehouse: {url.split('@')[-1]}")
-    with SandboxProcess([d.store for d in DEMO_TENANTS]) as sandbox:
-        echo(f"VTEX sandbox on {sandbox.base_url}")
+    with SandboxProcess([d.store for d in DEMO_TENANTS]) as sandbox, demo_sandboxes():
+        echo(f"VTEX sandbox on {sandbox.base_url}; Meta and Google sandboxes on loopback")
         with psycopg.connect(url) as conn:
             registered = register_demo_tenants(conn, sandbox)
+            register_demo_destinations(conn)
             instance = dg.DagsterInstance.get()
             partitions = sync_tenant_partitions(instance, conn)
             echo(f"tenant partitions: {', '.join(partitions)}")
             seconds = {t.tenant_id: materialize_tenant(instance, t, echo) for t in registered}
             run_job(instance, AUDIENCES_JOB, "all tenants", echo)
-            print_summary(conn, [t.tenant_id for t in registered], seconds, echo)
+            for tenant in registered:
+                run_job(
+                    instance,
+                    activation_push.name,
+                    tenant.tenant_id,
+                    echo,
+                    partition_key=tenant.tenant_id,
+                )
+            tenant_ids = [t.tenant_id for t in registered]
+            print_summary(conn, tenant_ids, seconds, echo)
+            print_activation(conn, tenant_ids, echo)
     echo(f"done in {time.monotonic() - started:.1f} s")

@@ -14,6 +14,9 @@ def test_every_command_has_help():
         ["tenants", "list", "--help"],
         ["tenants", "deactivate", "--help"],
         ["migrate", "--help"],
+        ["destinations", "--help"],
+        ["destinations", "add", "--help"],
+        ["destinations", "history", "--help"],
     ):
         result = runner.invoke(main, args)
         assert result.exit_code == 0, (args, result.output)
@@ -66,3 +69,37 @@ def test_an_invalid_tenant_is_refused_with_a_clear_message(warehouse_url):
     assert "not a slug" in result.output and "not an environment variable name" in result.output
     missing = CliRunner().invoke(main, ["tenants", "deactivate", "nobody_here"])
     assert missing.exit_code != 0 and "no tenant 'nobody_here'" in missing.output
+
+
+def test_destinations_add_audience_list_history(warehouse_url):
+    runner = CliRunner()
+    runner.invoke(
+        main,
+        ["tenants", "add", "cli_dest", "--account", "clidest"]
+        + ["--app-key-ref", "CLI_DEST_KEY", "--app-token-ref", "CLI_DEST_TOKEN"],
+    )
+    added = runner.invoke(
+        main,
+        ["destinations", "add", "cli_dest_meta", "--tenant", "cli_dest", "--platform", "meta"]
+        + ["--account", "998877", "--credential", "access_token=CLI_DEST_META_TOKEN"],
+    )
+    assert added.exit_code == 0, added.output
+    audience = runner.invoke(
+        main, ["destinations", "audience", "cli_dest_meta", "audience_rfm_champions"]
+    )
+    assert audience.exit_code == 0, audience.output
+    listed = runner.invoke(main, ["destinations", "list"]).output
+    assert "cli_dest_meta" in listed and "audience_rfm_champions" in listed
+    assert "CLI_DEST_META_TOKEN" not in listed  # references stay in the table, not the listing
+    history = runner.invoke(main, ["destinations", "history", "cli_dest_meta"])
+    assert history.exit_code == 0 and "destination" in history.output
+
+
+def test_a_destination_without_its_credential_reference_is_refused(warehouse_url):
+    result = CliRunner().invoke(
+        main,
+        ["destinations", "add", "cli_nocred", "--tenant", "cli_dest", "--platform", "meta"]
+        + ["--account", "123", "--credential", "access_token=not a variable name"],
+    )
+    assert result.exit_code != 0
+    assert "is not an environment variable" in result.output
