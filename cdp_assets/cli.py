@@ -58,7 +58,8 @@ def migrate() -> None:
     "--sandbox/--no-sandbox",
     default=True,
     show_default=True,
-    help="Also serve the demo stores on a loopback VTEX sandbox and point the demo tenants at it.",
+    help="Also serve the demo stores and the Meta and Google sandboxes on loopback, and point"
+    " the demo tenants and destinations at them.",
 )
 def dev(port: int, sandbox: bool) -> None:
     """Open the Dagster UI (webserver + daemon) on the platform's Postgres."""
@@ -74,14 +75,22 @@ def dev(port: int, sandbox: bool) -> None:
     stack = []
     try:
         if sandbox:
-            from cdp_assets.demo import DEMO_TENANTS, register_demo_tenants
+            from cdp_assets.demo import (
+                DEMO_TENANTS,
+                demo_sandboxes,
+                register_demo_destinations,
+                register_demo_tenants,
+            )
             from cdp_assets.sandbox import SandboxProcess
 
             server = SandboxProcess([d.store for d in DEMO_TENANTS]).__enter__()
             stack.append(server)
+            # In this process: runs reach them through the environment they inherit.
+            stack.append(demo_sandboxes())
             with psycopg.connect(url) as conn:
                 register_demo_tenants(conn, server)
-            click.echo(f"VTEX sandbox on {server.base_url}")
+                register_demo_destinations(conn)
+            click.echo(f"VTEX sandbox on {server.base_url}; Meta and Google sandboxes too")
         workspace = str(PROJECT_ROOT / "workspace.yaml")
         bin_dir = Path(sys.executable).parent
         processes = [

@@ -88,6 +88,7 @@ def register_demo_tenants(conn, sandbox: SandboxProcess) -> list[Tenant]:
     os.environ["VTEX_BASE_URL_TEMPLATE"] = sandbox.base_url + "/{account}"
     # The sandbox is ours to load; VTEX's own limit does not apply on loopback.
     os.environ.setdefault("VTEX_REQUESTS_PER_SECOND", "5000")
+    os.environ.setdefault("VTEX_COLLECTION_WRITES_PER_SECOND", "100")
     registered = []
     for demo in DEMO_TENANTS:
         key_ref, token_ref = credential_refs(demo.tenant_id)
@@ -159,7 +160,10 @@ def register_demo_destinations(conn: psycopg.Connection) -> None:
                 }.get(platform, {}),
                 ad_user_data_consent="GRANTED",
                 ad_personalization_consent="GRANTED",
-                min_audience_size=1 if platform == "vtex_collections" else 100,
+                # acme is small: a lower floor than the default 100 lets its audiences go.
+                min_audience_size={"vtex_collections": 1}.get(
+                    platform, 25 if tenant_id == "acme" else 100
+                ),
             )
             add_destination(conn, destination)
             rules = audiences if isinstance(audiences, dict) else dict.fromkeys(audiences, {})

@@ -1,86 +1,18 @@
-"""A warehouse holding exactly the relations activation reads, with members tests control.
-
-`marts.customers` has the mart's identifier columns and `audiences.audience_test` is a
-materialized view over a plain table of (tenant, customer) pairs, so a test changes an
-audience's membership with one statement and a refresh, as dbt would after a rebuild.
-The dbt-built relations themselves are exercised end to end in test_activation_pipeline.
-"""
+"""Activation test helpers over the synthetic audience warehouse."""
 
 from __future__ import annotations
-
-import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import psycopg
 
 from cdp_assets.activation.destinations import Destination, add_audience, add_destination
-from cdp_assets.lib.database import database_url, with_database
-from cdp_assets.lib.warehouse import migrated_url
-from cdp_assets.tenants.registry import Tenant, add_tenant
+from cdp_assets.sandbox.audience_warehouse import (
+    AUDIENCE,
+    activation_warehouse,
+    add_tenant_with_customers,
+    set_members,
+)
 
-AUDIENCE = "audience_test"
-
-SCHEMA = f"""
-CREATE SCHEMA marts;
-CREATE SCHEMA audiences;
-CREATE TABLE marts.customers (
-    tenant_id text, customer_key text, email text, phone_e164 text,
-    first_name text, last_name text, country text,
-    PRIMARY KEY (tenant_id, customer_key)
-);
-CREATE TABLE public.test_members (
-    tenant_id text, customer_key text, PRIMARY KEY (tenant_id, customer_key)
-);
-CREATE MATERIALIZED VIEW audiences.{AUDIENCE} AS
-    SELECT tenant_id, customer_key FROM public.test_members;
-"""
-
-# Customer i of a tenant: mixed-case e-mail, a national mobile number, accented names; every
-# tenth has neither e-mail nor phone (unmatchable).
-CUSTOMERS = """
-INSERT INTO marts.customers
-SELECT %(tenant)s, %(tenant)s || '-' || i,
-       CASE WHEN i %% 10 <> 9 THEN ' Cliente.' || i || '@Exemplo.COM.br ' END,
-       CASE WHEN i %% 10 <> 9
-            THEN '(11) 9' || (6000 + i %% 4000) || '-' || lpad((i %% 10000)::text, 4, '0') END,
-       'José', 'Conceição', 'BR'
-FROM generate_series(%(first)s::int, %(last)s::int) AS i
-ON CONFLICT DO NOTHING
-"""
-
-
-@contextmanager
-def activation_warehouse() -> Iterator[str]:
-    """A throwaway migrated database with the synthetic marts; its URL."""
-    server = database_url()
-    name = f"cdp_act_{uuid.uuid4().hex[:10]}"
-    url = with_database(server, name)
-    migrated_url(url)
-    with psycopg.connect(url) as conn:
-        conn.execute(SCHEMA)
-    try:
-        yield url
-    finally:
-        with psycopg.connect(with_database(server, "postgres"), autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
-def add_tenant_with_customers(conn: psycopg.Connection, tenant_id: str, customers: int) -> None:
-    add_tenant(conn, Tenant(tenant_id, tenant_id.replace("_", "-"), "UNUSED_KEY", "UNUSED_TOKEN"))
-    conn.execute(CUSTOMERS, {"tenant": tenant_id, "first": 0, "last": customers - 1})
-    conn.commit()
-
-
-def set_members(conn: psycopg.Connection, tenant_id: str, numbers: range | list[int]) -> None:
-    """Make the tenant's audience exactly these customer numbers, and refresh the view."""
-    conn.execute("DELETE FROM public.test_members WHERE tenant_id = %s", (tenant_id,))
-    conn.execute(
-        "INSERT INTO public.test_members SELECT %s, %s || '-' || i FROM unnest(%s::int[]) i",
-        (tenant_id, tenant_id, list(numbers)),
-    )
-    conn.execute(f"REFRESH MATERIALIZED VIEW audiences.{AUDIENCE}")
-    conn.commit()
+__all__ = ["AUDIENCE", "activation_warehouse", "add_tenant_with_customers", "set_members"]
 
 
 def register_destination(

@@ -200,7 +200,7 @@ def vtex_product_collections(
             conn,
             ("vtex_collections",),
             config,
-            lambda _: VtexCollections(vtex.client_for(tenant), vtex.collection_writes_per_second),
+            lambda _: VtexCollections(vtex.client_for(tenant), vtex.collection_write_rate()),
             members,
             lambda _: None,
         )

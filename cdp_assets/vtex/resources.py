@@ -26,8 +26,14 @@ class VtexResource(dg.ConfigurableResource):
     max_retries: int = 6
     backoff_base_seconds: float = 1.0
     backoff_cap_seconds: float = 60.0
-    # Collection writes deadlock on VTEX's side when they come fast.
-    collection_writes_per_second: float = 2.0
+    # Collection writes deadlock on VTEX's side when they come fast; unset means
+    # VTEX_COLLECTION_WRITES_PER_SECOND, else 2 per second.
+    collection_writes_per_second: float | None = None
+
+    def collection_write_rate(self) -> float:
+        return self.collection_writes_per_second or float(
+            os.environ.get("VTEX_COLLECTION_WRITES_PER_SECOND", 2)
+        )
 
     def client_for(self, tenant: Tenant) -> VtexClient:
         template = self.base_url_template or os.environ.get("VTEX_BASE_URL_TEMPLATE", VTEX_BASE_URL)
