@@ -68,6 +68,12 @@ class Destination:
         for consent in (self.ad_user_data_consent, self.ad_personalization_consent):
             if consent not in CONSENT:
                 problems.append(f"consent must be one of {', '.join(CONSENT)}")
+        unset = "UNSPECIFIED" in (self.ad_user_data_consent, self.ad_personalization_consent)
+        if self.platform.startswith("google") and unset:
+            problems.append(
+                "Google needs the consent the members gave (--consent granted or denied):"
+                " unspecified consent is treated as refused for EEA users"
+            )
         if self.min_audience_size < 0 or not 0 <= self.max_removal_share <= 1:
             problems.append("min_audience_size must be >= 0 and max_removal_share in [0, 1]")
         if problems:
