@@ -12,17 +12,18 @@ import pytest
 from activation_support import (
     activation_warehouse,
     add_tenant_with_customers,
+    outcome,
     register_destination,
     runs,
     set_members,
 )
+from activation_support import push as push_activation
 
 from cdp_assets.activation.destinations import Destination
 from cdp_assets.activation.identifiers import sha256_hex
 from cdp_assets.google.assets import google_customer_match
 from cdp_assets.google.resources import GoogleResource
 from cdp_assets.lib.warehouse import WarehouseResource
-from cdp_assets.partitions import tenants
 from cdp_assets.sandbox.google_grpc import GoogleSandbox
 
 CUSTOMER = "1234567890"
@@ -68,24 +69,11 @@ def setup(url: str, tenant_id: str, platform: str, members, **settings) -> Desti
 
 
 def push(instance, url, sandbox, tenant_id, **config) -> dg.ExecuteInProcessResult:
-    instance.add_dynamic_partitions(tenants.name, [tenant_id])
-    return dg.materialize(
-        [google_customer_match],
-        partition_key=tenant_id,
-        instance=instance,
-        resources={
-            "warehouse": WarehouseResource(url=url),
-            "google": GoogleResource(sandbox_address=sandbox.address, retry_base_seconds=0.01),
-        },
-        run_config={"ops": {"google_customer_match": {"config": config}}},
-        raise_on_error=False,
-    )
-
-
-def outcome(result: dg.ExecuteInProcessResult) -> dict:
-    (event,) = result.get_asset_materialization_events()
-    (record,) = event.materialization.metadata["audiences"].value.records
-    return record.data
+    resources = {
+        "warehouse": WarehouseResource(url=url),
+        "google": GoogleResource(sandbox_address=sandbox.address, retry_base_seconds=0.01),
+    }
+    return push_activation(google_customer_match, instance, tenant_id, resources, config)
 
 
 def user_list(url: str, destination_id: str) -> str:

@@ -12,17 +12,18 @@ from activation_support import (
     AUDIENCE,
     activation_warehouse,
     add_tenant_with_customers,
+    outcome,
     register_destination,
     runs,
     set_members,
 )
+from activation_support import push as push_activation
 
 from cdp_assets.activation.destinations import Destination
 from cdp_assets.activation.identifiers import normalize_email, normalize_phone, sha256_hex
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.meta.assets import meta_custom_audiences
 from cdp_assets.meta.resources import MetaResource
-from cdp_assets.partitions import tenants
 from cdp_assets.sandbox.meta_graph import MetaSandbox
 
 TOKEN_REF = "META_TEST_TOKEN"
@@ -67,30 +68,11 @@ def setup(url: str, tenant_id: str, customers: int, members, **settings) -> Dest
 
 
 def push(instance, url, sandbox, tenant_id, **config) -> dg.ExecuteInProcessResult:
-    instance.add_dynamic_partitions(tenants.name, [tenant_id])
-    return dg.materialize(
-        [meta_custom_audiences],
-        partition_key=tenant_id,
-        instance=instance,
-        resources={
-            "warehouse": WarehouseResource(url=url),
-            "meta": MetaResource(graph_url=sandbox.graph_url, retry_base_seconds=0.01),
-        },
-        run_config={"ops": {"meta_custom_audiences": {"config": config}}},
-        raise_on_error=False,
-    )
-
-
-def outcome(result: dg.ExecuteInProcessResult) -> dict:
-    """The single destination audience row of the run's metadata table."""
-    events = result.get_asset_materialization_events()
-    if events:
-        table = events[0].materialization.metadata["audiences"].value
-    else:
-        (failure,) = [e for e in result.all_events if e.is_step_failure]
-        table = failure.step_failure_data.user_failure_data.metadata["audiences"].value
-    (record,) = table.records
-    return record.data
+    resources = {
+        "warehouse": WarehouseResource(url=url),
+        "meta": MetaResource(graph_url=sandbox.graph_url, retry_base_seconds=0.01),
+    }
+    return push_activation(meta_custom_audiences, instance, tenant_id, resources, config)
 
 
 def audience_id(sandbox: MetaSandbox, tenant_id: str) -> str:
@@ -308,3 +290,24 @@ def test_rows_the_platform_refuses_are_recorded_and_sent_again(instance, url, sa
     second = outcome(push(instance, url, sandbox, "meta_rejects"))
     assert (second["added"], second["rejected"], second["unchanged"]) == (1, 0, 179)
     assert member_keys(sandbox, "meta_rejects") == matchable("meta_rejects", range(200))
+
+
+def test_a_missing_credential_fails_naming_the_reference(instance, url, sandbox) -> None:
+    destination = setup(url, "meta_nocred", 150, range(150))
+    with psycopg.connect(url) as conn:
+        register_destination(
+            conn,
+            Destination(
+                destination.destination_id,
+                "meta_nocred",
+                "meta",
+                ACCOUNT,
+                credential_refs={"access_token": "META_TOKEN_NOT_SET_ANYWHERE"},
+            ),
+        )
+    result = push(instance, url, sandbox, "meta_nocred")
+    assert not result.success
+    with psycopg.connect(url) as conn:
+        (history,) = runs(conn, "meta_nocred_meta")
+    assert history["status"] == "failed"
+    assert "META_TOKEN_NOT_SET_ANYWHERE is not set" in history["reason"]

@@ -9,8 +9,8 @@ from cdp_assets.definitions import defs
 from cdp_assets.lib.dagster_home import apply_pool_limits
 from cdp_assets.tenants.registry import Tenant, add_tenant, list_tenants
 from cdp_assets.vtex.schedules import (
-    catalog_sync_requests,
     order_sync_requests,
+    tenant_run_requests,
     vtex_catalog_daily,
     vtex_orders_twice_daily,
     with_partitions,
@@ -61,9 +61,7 @@ def test_orders_sync_covers_the_last_48_hours_across_a_month_end(scheduled_tenan
 
 
 def test_catalog_sync_at_five_per_active_tenant(scheduled_tenants):
-    requests = catalog_sync_requests(
-        scheduled_tenants, datetime(2026, 12, 2, 5, tzinfo=BUENOS_AIRES)
-    )
+    requests = tenant_run_requests(scheduled_tenants, datetime(2026, 12, 2, 5, tzinfo=BUENOS_AIRES))
     assert [r.partition_key for r in requests] == ["sched_b", "sched_a"]
     assert vtex_catalog_daily.cron_schedule == "0 5 * * *"
 
@@ -75,7 +73,9 @@ def test_the_schedules_are_valid_definitions():
         "vtex_orders_twice_daily",
         "vtex_catalog_daily",
         "audiences_every_48_hours",
+        "activation_every_48_hours",
     }
+    assert {s.name for s in defs.sensors} >= {"tenant_partitions_sensor", "audience_changes_sensor"}
 
 
 def test_audiences_keep_a_48_hour_rhythm_across_month_and_year_ends():

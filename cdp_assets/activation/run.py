@@ -11,6 +11,12 @@ from collections.abc import Callable
 import dagster as dg
 import psycopg
 
+from cdp_assets.activation.audiences import (
+    RowBuilder,
+    audience_members,
+    audience_signature,
+    require_audience,
+)
 from cdp_assets.activation.destinations import (
     Destination,
     DestinationAudience,
@@ -21,8 +27,11 @@ from cdp_assets.activation.sync import (
     Platform,
     SyncOptions,
     SyncOutcome,
+    record_failure,
     sync_audience,
 )
+from cdp_assets.lib.warehouse import WarehouseResource
+from cdp_assets.tenants.registry import get_tenant
 
 
 class ActivationConfig(dg.Config):
@@ -95,20 +104,22 @@ def activate(
             platform = clients.get(destination.destination_id)
             if platform is None:
                 platform = clients[destination.destination_id] = platform_for(destination)
-            outcome = sync_audience(
-                conn, target, members_for(target), platform, options, signature_for(target)
-            )
+            source, signature = members_for(target), signature_for(target)
         except Exception as error:
-            context.log.error(
-                f"{destination.destination_id}/{target.audience}: {type(error).__name__}: {error}"
-            )
-            outcome = SyncOutcome(
-                destination.destination_id,
-                target.audience,
-                destination.platform,
-                "failed",
-                f"{type(error).__name__}: {error}"[:500],
-            )
+            outcome = record_failure(conn, target, options, f"{type(error).__name__}: {error}")
+        else:
+            try:
+                outcome = sync_audience(conn, target, source, platform, options, signature)
+            except Exception as error:  # recorded in the history by sync_audience
+                outcome = SyncOutcome(
+                    destination.destination_id,
+                    target.audience,
+                    destination.platform,
+                    "failed",
+                    f"{type(error).__name__}: {error}"[:500],
+                )
+        if outcome.status == "failed":
+            context.log.error(f"{destination.destination_id}/{target.audience}: {outcome.reason}")
         context.log.info(
             f"{outcome.destination_id}/{outcome.audience}: {outcome.status}"
             f" +{outcome.added} -{outcome.removed} ={outcome.unchanged}"
@@ -125,3 +136,31 @@ def activate(
     if not targets:
         context.log.info(f"tenant {tenant_id!r} has no active destination on {platforms}")
     return dg.MaterializeResult(metadata=metadata)
+
+
+def activate_audiences(
+    context: dg.AssetExecutionContext,
+    config: ActivationConfig,
+    warehouse: WarehouseResource,
+    platforms: tuple[str, ...],
+    platform_for: Callable[[Destination], Platform],
+    build_row: RowBuilder,
+) -> dg.MaterializeResult:
+    """`activate` for ad platforms: members from the audience views, hashed by `build_row`."""
+    url = warehouse.url_migrated()
+    with warehouse.connect() as conn:
+        tenant = get_tenant(conn, context.partition_key)
+
+        def members(target: DestinationAudience) -> MemberSource:
+            require_audience(conn, target.audience)
+            return lambda: audience_members(url, target, tenant.default_country, build_row)
+
+        return activate(
+            context,
+            conn,
+            platforms,
+            config,
+            platform_for,
+            members,
+            lambda target: audience_signature(conn, tenant.tenant_id, target.audience),
+        )

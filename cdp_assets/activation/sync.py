@@ -210,6 +210,20 @@ def _start_run(
     return row[0]
 
 
+def record_failure(
+    conn: psycopg.Connection, target: DestinationAudience, options: SyncOptions, reason: str
+) -> SyncOutcome:
+    """History for a destination audience that failed before its sync could start (e.g. a
+    credential missing from the environment)."""
+    destination = target.destination
+    outcome = SyncOutcome(
+        destination.destination_id, target.audience, destination.platform, "failed", reason
+    )
+    conn.rollback()
+    _finish_run(conn, _start_run(conn, target, options, options.dry_run), outcome)
+    return outcome
+
+
 def _finish_run(conn: psycopg.Connection, run: int, outcome: SyncOutcome) -> None:
     conn.execute(
         """

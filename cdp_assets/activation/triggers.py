@@ -17,7 +17,7 @@ from cdp_assets.meta.assets import meta_custom_audiences
 from cdp_assets.partitions import tenants
 from cdp_assets.tenants.registry import Tenant, list_tenants
 from cdp_assets.vtex.assets import vtex_product_collections
-from cdp_assets.vtex.schedules import TIMEZONE, run_priority, with_partitions
+from cdp_assets.vtex.schedules import TIMEZONE, run_priority, tenant_run_requests, with_partitions
 
 ASSET_BY_PLATFORM = {
     "meta": meta_custom_audiences.key,
@@ -110,15 +110,9 @@ def cadence_requests(
 ) -> list[dg.RunRequest]:
     if not on_48_hour_cadence(moment.date()):
         return []
-    return [
-        dg.RunRequest(
-            run_key=f"{tenant.tenant_id}|{moment:%Y%m%d}",
-            partition_key=tenant.tenant_id,
-            tags=run_priority(tenant),
-        )
-        for tenant in tenant_rows
-        if tenant.tenant_id in tenants_with_destinations
-    ]
+    return tenant_run_requests(
+        [tenant for tenant in tenant_rows if tenant.tenant_id in tenants_with_destinations], moment
+    )
 
 
 @dg.schedule(

@@ -2,15 +2,12 @@
 
 import dagster as dg
 
-from cdp_assets.activation.audiences import audience_members, audience_signature, require_audience
-from cdp_assets.activation.destinations import DestinationAudience
 from cdp_assets.activation.identifiers import google_row
-from cdp_assets.activation.run import ActivationConfig, activate
+from cdp_assets.activation.run import ActivationConfig, activate_audiences
 from cdp_assets.analytics.assets import dbt_audiences
 from cdp_assets.google.resources import GoogleResource
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.partitions import tenants
-from cdp_assets.tenants.registry import get_tenant
 
 
 @dg.asset(
@@ -29,20 +26,11 @@ def google_customer_match(
 ) -> dg.MaterializeResult:
     """The tenant's audiences as Customer Match lists (platforms 'google_data_manager' and
     'google_ads'), sent as differences against what Google last confirmed."""
-    url = warehouse.url_migrated()
-    with warehouse.connect() as conn:
-        tenant = get_tenant(conn, context.partition_key)
-
-        def members(target: DestinationAudience):
-            require_audience(conn, target.audience)
-            return lambda: audience_members(url, target, tenant.default_country, google_row)
-
-        return activate(
-            context,
-            conn,
-            ("google_data_manager", "google_ads"),
-            config,
-            google.audiences_for,
-            members,
-            lambda target: audience_signature(conn, tenant.tenant_id, target.audience),
-        )
+    return activate_audiences(
+        context,
+        config,
+        warehouse,
+        ("google_data_manager", "google_ads"),
+        google.audiences_for,
+        google_row,
+    )

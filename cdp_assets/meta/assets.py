@@ -2,15 +2,12 @@
 
 import dagster as dg
 
-from cdp_assets.activation.audiences import audience_members, audience_signature, require_audience
-from cdp_assets.activation.destinations import DestinationAudience
 from cdp_assets.activation.identifiers import meta_row
-from cdp_assets.activation.run import ActivationConfig, activate
+from cdp_assets.activation.run import ActivationConfig, activate_audiences
 from cdp_assets.analytics.assets import dbt_audiences
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.meta.resources import MetaResource
 from cdp_assets.partitions import tenants
-from cdp_assets.tenants.registry import get_tenant
 
 
 @dg.asset(
@@ -32,20 +29,4 @@ def meta_custom_audiences(
     Hashed with our own normalization, sent as differences against what Meta last
     confirmed (`cdp.destination_members`); history in `cdp.activation_runs`.
     """
-    url = warehouse.url_migrated()
-    with warehouse.connect() as conn:
-        tenant = get_tenant(conn, context.partition_key)
-
-        def members(target: DestinationAudience):
-            require_audience(conn, target.audience)
-            return lambda: audience_members(url, target, tenant.default_country, meta_row)
-
-        return activate(
-            context,
-            conn,
-            ("meta",),
-            config,
-            meta.audiences_for,
-            members,
-            lambda target: audience_signature(conn, tenant.tenant_id, target.audience),
-        )
+    return activate_audiences(context, config, warehouse, ("meta",), meta.audiences_for, meta_row)

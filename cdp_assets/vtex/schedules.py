@@ -55,8 +55,8 @@ def order_sync_requests(tenant_rows: list[Tenant], moment: datetime) -> list[dg.
     ]
 
 
-def catalog_sync_requests(tenant_rows: list[Tenant], moment: datetime) -> list[dg.RunRequest]:
-    """One run per tenant, in priority order."""
+def tenant_run_requests(tenant_rows: list[Tenant], moment: datetime) -> list[dg.RunRequest]:
+    """One run per tenant and day, in priority order."""
     return [
         dg.RunRequest(
             run_key=f"{tenant.tenant_id}|{moment:%Y%m%d}",
@@ -93,7 +93,7 @@ def vtex_catalog_daily(
     context: dg.ScheduleEvaluationContext, warehouse: WarehouseResource
 ) -> list[dg.RunRequest] | dg.SkipReason:
     """Products, SKUs and Master Data customers of every active tenant, at 05:00."""
-    requests = catalog_sync_requests(
+    requests = tenant_run_requests(
         active_tenants(context, warehouse), context.scheduled_execution_time
     )
     return requests or dg.SkipReason("no active tenants")
