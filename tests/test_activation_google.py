@@ -122,6 +122,23 @@ def test_data_manager_first_push_change_and_unchanged(instance, url, sandbox) ->
     assert carrying == []
 
 
+def test_data_manager_refused_members_are_set_aside_and_sent_again(instance, url, sandbox) -> None:
+    setup(url, "g_refused", "google_data_manager", range(150))
+    refused = sha256_hex("cliente.33@exemplo.com.br")
+    sandbox.refuse([refused])
+    first = outcome(push(instance, url, sandbox, "g_refused"))
+    assert (first["added"], first["rejected"]) == (134, 1)
+    ingests = sandbox.requests("IngestAudienceMembers")[-2:]
+    assert [c.code.name for c in ingests] == ["INVALID_ARGUMENT", "OK"]
+    assert len(ingests[1].request["audience_members"]) == 134  # the rest, re-sent at once
+    name = user_list(url, "g_refused_google")
+    assert "email:" + refused not in sandbox.members(name)
+    sandbox.clear_faults()
+    second = outcome(push(instance, url, sandbox, "g_refused"))
+    assert (second["added"], second["unchanged"]) == (1, 134)
+    assert sandbox.members(name) == expected_keys("g_refused", range(150))
+
+
 def test_data_manager_quota_errors_are_retried(instance, url, sandbox) -> None:
     setup(url, "g_quota", "google_data_manager", range(150))
     sandbox.inject("IngestAudienceMembers", "quota", times=2)

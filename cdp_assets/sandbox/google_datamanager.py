@@ -505,6 +505,11 @@ class DataManagerApi:
             if consent is not None:
                 _check_consent(member, consent, i, violations)
             parsed = _parse_identifiers(user_data, prefix, base64_encoded, violations)
+            if parsed is not None and _refused(user_data, self.store.refused):
+                violations.add(
+                    f"audience_members[{i}]", "INVALID_FORMAT", "member refused by the platform"
+                )
+                continue
             if parsed is not None:
                 key, email, phone, address = parsed
                 refs = tuple(member.destination_references)
@@ -665,6 +670,13 @@ def _check_consent(member: Message, consent: Message, i: int, violations: Violat
             violations.add(
                 field, "PROCESSING_ERROR_REASON_NO_CONSENT", f"{name} consent is not specified"
             )
+
+
+def _refused(user_data: Message, refused: frozenset[str]) -> bool:
+    return bool(refused) and any(
+        getattr(identifier, identifier.WhichOneof("identifier") or "email_address", "") in refused
+        for identifier in user_data.user_identifiers
+    )
 
 
 def _parse_identifiers(

@@ -165,8 +165,10 @@ class GoogleSandbox:
             self._store.refused = frozenset()
 
     def refuse(self, values: Iterable[str]) -> None:
-        """Google Ads operations carrying any of these hashed values fail (INVALID_VALUE,
-        reported by index under partial failure); ``clear_faults`` forgets them."""
+        """Members carrying any of these hashed values are refused: Google Ads operations
+        fail by index under partial failure (INVALID_VALUE); a Data Manager request fails as
+        a whole, naming the members (``audience_members[i]`` field violations).
+        ``clear_faults`` forgets them."""
         with self._store.lock:
             self._store.refused = frozenset(values)
 
