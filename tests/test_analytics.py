@@ -27,6 +27,7 @@ from cdp_assets.analytics.assets import (
     dbt_tenant_models,
     dbt_tenant_scoring,
 )
+from cdp_assets.analytics.checks import audience_sizes_within_bounds
 from cdp_assets.analytics.dbt_project import dbt_resource
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.meta.assets import meta_custom_audiences
@@ -296,3 +297,9 @@ def test_audiences_and_collections_reach_meta_and_vtex(analytics, conn, instance
         ).json()
         assert sorted(str(row["SkuId"]) for row in listed["Data"]) == sorted(best_sellers)
     assert changed_audiences(conn).get("an_big", {}).get("meta") is None
+
+
+def test_audience_sizes_stay_within_bounds(analytics):
+    result = audience_sizes_within_bounds(warehouse=WarehouseResource())
+    assert result.passed, result.metadata["examples"].value
+    assert result.metadata["audiences_checked"].value >= 16 * 2

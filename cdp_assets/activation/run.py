@@ -129,9 +129,13 @@ def activate(
     metadata = activation_metadata(outcomes)
     failed = [f"{o.destination_id}/{o.audience}" for o in outcomes if o.status == "failed"]
     if failed:
+        # The platforms already retried transient errors with backoff inside this run, and
+        # state is kept per confirmed batch: what failed here is left to the next trigger
+        # rather than re-running every destination of the tenant now.
         raise dg.Failure(
             description=f"activation failed for {', '.join(failed)}; the others were synced",
             metadata=metadata,
+            allow_retries=False,
         )
     if not targets:
         context.log.info(f"tenant {tenant_id!r} has no active destination on {platforms}")

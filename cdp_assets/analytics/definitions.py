@@ -6,6 +6,7 @@ from cdp_assets.analytics.assets import (
     dbt_tenant_models,
     dbt_tenant_scoring,
 )
+from cdp_assets.analytics.checks import audience_sizes_within_bounds
 from cdp_assets.analytics.dbt_project import dbt_resource
 from cdp_assets.analytics.jobs import analytics_tenant_refresh, audiences_refresh
 from cdp_assets.analytics.schedules import audiences_every_48_hours
@@ -14,6 +15,7 @@ from cdp_assets.analytics.schedules import audiences_every_48_hours
 def defs() -> dg.Definitions:
     return dg.Definitions(
         assets=[dbt_tenant_models, customer_predictions, dbt_tenant_scoring, dbt_audiences],
+        asset_checks=[audience_sizes_within_bounds],
         jobs=[analytics_tenant_refresh, audiences_refresh],
         schedules=[audiences_every_48_hours],
         resources={"dbt": dbt_resource()},

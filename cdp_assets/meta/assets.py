@@ -5,6 +5,7 @@ import dagster as dg
 from cdp_assets.activation.identifiers import meta_row
 from cdp_assets.activation.run import ActivationConfig, activate_audiences
 from cdp_assets.analytics.assets import dbt_audiences
+from cdp_assets.lib.retries import ACTIVATION_RETRY
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.meta.resources import MetaResource
 from cdp_assets.partitions import tenants
@@ -16,6 +17,7 @@ from cdp_assets.partitions import tenants
     group_name="activation",
     kinds={"meta", "python"},
     pool="meta_api",
+    retry_policy=ACTIVATION_RETRY,
     metadata={"dagster/table_name": "cdp.activation_runs"},
 )
 def meta_custom_audiences(

@@ -8,6 +8,7 @@ import dagster as dg
 from cdp_assets.activation.destinations import DestinationAudience
 from cdp_assets.activation.run import ActivationConfig, activate
 from cdp_assets.analytics.assets import dbt_audiences, dbt_tenant_models
+from cdp_assets.lib.retries import ACTIVATION_RETRY
 from cdp_assets.lib.sync_state import get_cursor, set_cursor
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.partitions import order_months, tenant_months, tenants
@@ -177,6 +178,7 @@ def vtex_customers(
     group_name="activation",
     kinds={"vtex", "python"},
     pool="vtex_api",
+    retry_policy=ACTIVATION_RETRY,
     metadata={"dagster/table_name": "cdp.activation_runs"},
 )
 def vtex_product_collections(

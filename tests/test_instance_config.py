@@ -1,0 +1,34 @@
+"""The local and production dagster.yaml load as Dagster instances on Postgres."""
+
+import shutil
+from importlib.resources import files
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from cdp_assets.lib.database import sqlalchemy_url
+
+PROJECT = Path(__file__).resolve().parent.parent
+CONFIGS = {
+    "local": (files("cdp_assets.lib") / "dagster.yaml", "CDP_DAGSTER_PG_URL"),
+    "production": (PROJECT / "deploy" / "dagster.yaml", "DAGSTER_PG_URL"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_instance_config_loads_with_its_limits(name, warehouse_url, tmp_path, monkeypatch):
+    source, url_env = CONFIGS[name]
+    with source.open("rb") as config, open(tmp_path / "dagster.yaml", "wb") as copy:
+        shutil.copyfileobj(config, copy)
+    monkeypatch.setenv(url_env, sqlalchemy_url(warehouse_url))
+    with dg.DagsterInstance.from_config(str(tmp_path)) as instance:
+        assert type(instance.run_storage).__name__ == "PostgresRunStorage"
+        settings = instance.get_concurrency_config()
+        limits = {limit["key"]: limit for limit in settings.run_queue_config.tag_concurrency_limits}
+        assert limits["dagster/partition/tenant"]["limit"] == 1
+        assert (
+            instance.run_retries_enabled and not instance.run_retries_retry_on_asset_or_op_failure
+        )
+        assert instance.run_monitoring_enabled
+        assert instance.run_monitoring_settings["free_slots_after_run_end_seconds"] == 60
