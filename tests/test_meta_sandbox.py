@@ -256,7 +256,6 @@ def test_batch_limit_is_10000_rows(sandbox: MetaSandbox, audience: CustomAudienc
 
     assert add(audience, rows[:10_000])["num_received"] == 10_000
     assert len(sandbox.members(audience["id"])) == 10_000
-    assert sandbox.requests("/users")[-1].seconds < 0.5
 
 
 @pytest.mark.parametrize(
@@ -449,15 +448,12 @@ def test_requests_are_recorded_with_parsed_payloads(
 
 
 def test_100k_adds_in_10_requests(sandbox: MetaSandbox, audience: CustomAudience) -> None:
-    started = time.perf_counter()
+    # Timing is the benchmark's business (bench/activation.py); this checks the volume.
     for batch in range(10):
         session = {"session_id": 9, "batch_seq": batch + 1, "last_batch_flag": batch == 9}
         result = add(audience, people(batch * 10_000, (batch + 1) * 10_000), session=session)
         assert result["num_received"] == (batch + 1) * 10_000
-    elapsed = time.perf_counter() - started
     assert len(sandbox.members(audience["id"])) == 100_000
-    assert elapsed < 10, f"100k rows took {elapsed:.1f} s"
-    assert max(r.seconds for r in sandbox.requests("/users")) < 0.5
 
 
 def test_concurrent_uploads_lose_nothing(sandbox: MetaSandbox, audience: CustomAudience) -> None:

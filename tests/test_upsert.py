@@ -1,10 +1,12 @@
 from datetime import UTC, datetime, timedelta
 
 import orjson
+import psycopg
+import pytest
 
 from cdp_assets.lib.rejects import Reject, record_rejects
 from cdp_assets.lib.upsert import upsert_documents
-from cdp_assets.vtex.sync import ORDERS
+from cdp_assets.vtex.sync import BATCH_SIZE, ORDERS, Landing, land
 
 T0 = datetime(2024, 3, 1, 12, 0, tzinfo=UTC)
 
@@ -75,3 +77,18 @@ def test_the_same_reject_seen_twice_is_one_row_counted_twice(conn):
         " WHERE tenant_id = 'upsert_e' ORDER BY natural_key NULLS LAST"
     ).fetchall()
     assert rows == [("7-01", "value must be an integer", 2, "r2"), (None, "not JSON", 1, "r1")]
+
+
+def test_each_landed_batch_is_durable_even_inside_an_open_transaction(conn, warehouse_url):
+    tenant = "upsert_durable"
+    conn.execute("SELECT 1")  # the caller already has a transaction open, as assets do
+
+    def records():
+        for i in range(BATCH_SIZE):
+            yield order(f"d-{i}", T0, "handling")
+        raise RuntimeError("the API failed after one full batch")
+
+    with pytest.raises(RuntimeError):
+        land(conn, ORDERS, tenant, records(), "run-1", Landing())
+    with psycopg.connect(warehouse_url) as other:
+        assert len(stored(other, tenant)) == BATCH_SIZE

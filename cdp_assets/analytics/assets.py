@@ -8,6 +8,7 @@ import dagster as dg
 import numpy as np
 from dagster_dbt import DbtCliResource, dbt_assets, get_asset_key_for_model
 
+from cdp_assets.analytics.automation import ANALYTICS_AUTOMATION
 from cdp_assets.analytics.dbt_project import (
     dbt_connection_env,
     dbt_project,
@@ -127,6 +128,7 @@ SELECT customer_key, frequency_x, recency_t_x_days, age_t_days, mean_repeat_spen
     deps=[get_asset_key_for_model([dbt_tenant_models], "int_customers__purchase_summary")],
     group_name="marts",
     kinds={"python", "scipy", "postgres"},
+    automation_condition=ANALYTICS_AUTOMATION,
     metadata={"dagster/table_name": "analytics_python.customer_predictions"},
 )
 def customer_predictions(

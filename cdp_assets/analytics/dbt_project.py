@@ -16,6 +16,8 @@ from dagster_dbt import (
     DbtProject,
 )
 
+from cdp_assets.analytics.automation import ANALYTICS_AUTOMATION
+
 DBT_PROJECT_DIR = Path(__file__).resolve().parents[2] / "dbt_project"
 # The dbt installed beside this interpreter, whether or not its folder is on PATH.
 DBT_EXECUTABLE = str(Path(sys.executable).parent / "dbt")
@@ -58,7 +60,8 @@ def dbt_connection_env(url: str) -> dict[str, str]:
 
 
 class CdpDbtTranslator(DagsterDbtTranslator):
-    """Models keyed by name, grouped by layer (staging, intermediate, marts, audiences)."""
+    """Models keyed by name, grouped by layer (staging, intermediate, marts, audiences), run
+    by the analytics automation when their sources are fresh."""
 
     def get_asset_spec(
         self, manifest: Mapping[str, Any], unique_id: str, project: DbtProject | None
@@ -68,7 +71,11 @@ class CdpDbtTranslator(DagsterDbtTranslator):
         if props["resource_type"] != "model":
             return spec
         layer = props["fqn"][1] if len(props["fqn"]) > 2 else "analytics"
-        return spec.replace_attributes(key=dg.AssetKey(props["name"]), group_name=layer)
+        return spec.replace_attributes(
+            key=dg.AssetKey(props["name"]),
+            group_name=layer,
+            automation_condition=ANALYTICS_AUTOMATION,
+        )
 
 
 translator = CdpDbtTranslator(settings=DagsterDbtTranslatorSettings(enable_asset_checks=True))

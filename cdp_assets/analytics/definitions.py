@@ -6,6 +6,7 @@ from cdp_assets.analytics.assets import (
     dbt_tenant_models,
     dbt_tenant_scoring,
 )
+from cdp_assets.analytics.automation import analytics_automation_sensor
 from cdp_assets.analytics.checks import audience_sizes_within_bounds
 from cdp_assets.analytics.dbt_project import dbt_resource
 from cdp_assets.analytics.jobs import analytics_tenant_refresh, audiences_refresh
@@ -18,5 +19,6 @@ def defs() -> dg.Definitions:
         asset_checks=[audience_sizes_within_bounds],
         jobs=[analytics_tenant_refresh, audiences_refresh],
         schedules=[audiences_every_48_hours],
+        sensors=[analytics_automation_sensor],
         resources={"dbt": dbt_resource()},
     )

@@ -75,14 +75,24 @@ def land(
     run_id: str,
     landing: Landing,
 ) -> None:
-    """Upsert valid rows and quarantine rejects, one transaction per batch."""
+    """Upsert valid rows and quarantine rejects, committing after each batch.
+
+    An explicit commit, not `conn.transaction()`: inside a transaction the caller already
+    opened (any earlier SELECT opens one) that is only a savepoint, and nothing would be
+    durable until the caller's connection closed.
+    """
     records = iter(records)
     while batch := list(islice(records, BATCH_SIZE)):
         rows = [r for r in batch if not isinstance(r, Reject)]
         rejects = [r for r in batch if isinstance(r, Reject)]
-        with conn.transaction():
-            landing.counts.add(upsert_documents(conn, table, tenant_id, rows))
+        try:
+            counts = upsert_documents(conn, table, tenant_id, rows)
             record_rejects(conn, tenant_id, table.name, rejects, run_id)
+            conn.commit()
+        except BaseException:
+            conn.rollback()
+            raise
+        landing.counts.add(counts)
         landing.rejected += len(rejects)
 
 
