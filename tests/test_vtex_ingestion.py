@@ -252,3 +252,25 @@ def test_refused_credentials_fail_that_tenant_only_and_never_leak(
     for text in texts:
         for secret in secrets:
             assert secret not in text
+
+
+def test_a_step_still_failing_after_request_retries_is_retried_then_fails(conn, instance, sandbox):
+    register(conn, "t_outage", "gamma")
+    sandbox.set_faults({"seed": 3, "rate_5xx": 1.0, "routes": ["masterdata"]})
+    try:
+        outage = vtex_for(sandbox, max_retries=1, step_retry_base_seconds=0.01)
+        failed = sync(
+            instance,
+            sandbox,
+            "t_outage",
+            vtex=outage,
+            entities=("customers",),
+            raise_on_error=False,
+        )["customers"]
+    finally:
+        sandbox.clear_faults()
+    assert not failed.success
+    retries = [e for e in failed.all_events if e.event_type_value == "STEP_UP_FOR_RETRY"]
+    assert len(retries) == 3  # then the step fails for good
+    error = failed.get_step_failure_events()[0].event_specific_data.error
+    assert "VtexRequestFailed" in error.to_string()

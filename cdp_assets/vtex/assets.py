@@ -4,15 +4,17 @@ from collections import defaultdict
 from datetime import UTC, datetime, timedelta
 
 import dagster as dg
+import psycopg
 
 from cdp_assets.activation.destinations import DestinationAudience
 from cdp_assets.activation.run import ActivationConfig, activate
 from cdp_assets.analytics.assets import dbt_audiences, dbt_tenant_models
-from cdp_assets.lib.retries import ACTIVATION_RETRY
+from cdp_assets.lib.retries import ACTIVATION_RETRY, retry_transient
 from cdp_assets.lib.sync_state import get_cursor, set_cursor
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.partitions import order_months, tenant_months, tenants
 from cdp_assets.tenants.registry import get_tenant
+from cdp_assets.vtex.client import VtexRequestFailed
 from cdp_assets.vtex.collection_rules import collection_skus
 from cdp_assets.vtex.collections import VtexCollections
 from cdp_assets.vtex.resources import VtexResource
@@ -41,6 +43,16 @@ class OrdersSyncConfig(dg.Config):
 class CustomersSyncConfig(dg.Config):
     full_refresh: bool = False
     """Scroll every CL document instead of those updated since the cursor minus 48 h."""
+
+
+def _retry(context: dg.AssetExecutionContext, vtex: VtexResource):
+    """Step retries for what outlived the client's own retries: VTEX still failing, or the
+    database connection dropped."""
+    return retry_transient(
+        context,
+        (VtexRequestFailed, psycopg.OperationalError),
+        base_seconds=vtex.step_retry_base_seconds,
+    )
 
 
 def _table_metadata(table: RawTable) -> dict:
@@ -75,7 +87,7 @@ def vtex_orders(
     now = datetime.now(UTC)
     landing = Landing()
     listed = 0
-    with warehouse.connect() as conn:
+    with _retry(context, vtex), warehouse.connect() as conn:
         for tenant_id, months in months_by_tenant.items():
             tenant = get_tenant(conn, tenant_id)
             client = vtex.client_for(tenant)
@@ -126,7 +138,7 @@ def _whole_tenant_asset(name: str, table: RawTable, description: str):
         context: dg.AssetExecutionContext, warehouse: WarehouseResource, vtex: VtexResource
     ) -> dg.MaterializeResult:
         tenant_id = context.partition_key
-        with warehouse.connect() as conn:
+        with _retry(context, vtex), warehouse.connect() as conn:
             client = vtex.client_for(get_tenant(conn, tenant_id))
             started = datetime.now(UTC)
             landing = sync_catalog(client, conn, tenant_id, context.run.run_id, table)
@@ -161,7 +173,7 @@ def vtex_customers(
 ) -> dg.MaterializeResult:
     """Master Data CL customers via scroll: the real e-mails (orders only carry masked ones)."""
     tenant_id = context.partition_key
-    with warehouse.connect() as conn:
+    with _retry(context, vtex), warehouse.connect() as conn:
         client = vtex.client_for(get_tenant(conn, tenant_id))
         started = datetime.now(UTC)
         cursor = None if config.full_refresh else get_cursor(conn, tenant_id, CUSTOMERS.name)

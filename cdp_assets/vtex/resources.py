@@ -26,6 +26,9 @@ class VtexResource(dg.ConfigurableResource):
     max_retries: int = 6
     backoff_base_seconds: float = 1.0
     backoff_cap_seconds: float = 60.0
+    # A step whose requests still fail after max_retries is retried whole, up to 3 times,
+    # after about this long (doubling, with jitter).
+    step_retry_base_seconds: float = 30.0
     # Collection writes deadlock on VTEX's side when they come fast; unset means
     # VTEX_COLLECTION_WRITES_PER_SECOND, else 2 per second.
     collection_writes_per_second: float | None = None
