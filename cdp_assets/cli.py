@@ -16,7 +16,14 @@ import psycopg
 
 from cdp_assets.activation.cli import destinations
 from cdp_assets.lib.warehouse import migrated_url
-from cdp_assets.tenants.registry import Tenant, TenantError, add_tenant, list_tenants, set_active
+from cdp_assets.tenants.registry import (
+    Tenant,
+    TenantError,
+    add_tenant,
+    get_tenant,
+    list_tenants,
+    set_active,
+)
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -50,6 +57,41 @@ def migrate() -> None:
     """Apply pending database migrations."""
     url = migrated_url()
     click.echo(f"database schema is up to date ({url.split('@')[-1]})")
+
+
+@main.command()
+@click.option(
+    "--check",
+    is_flag=True,
+    help="Exit 1 when an active tenant's asset is stale, never materialized, or failed after"
+    " its last success (for uptime probes).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@click.option(
+    "--tenant", "tenant_ids", multiple=True, metavar="TENANT", help="Only this tenant (repeatable)."
+)
+@click.pass_context
+def status(ctx: click.Context, check: bool, as_json: bool, tenant_ids: tuple[str, ...]) -> None:
+    """Per active tenant and asset: last success, staleness, last error; and the run queue."""
+    import json
+    from contextlib import nullcontext
+
+    from cdp_assets.ops.status import collect_status, platform_instance, render_text, status_json
+
+    url = migrated_url()
+    # Tests pass their instance as `obj`; otherwise the one the UI uses, from DAGSTER_HOME.
+    given = (ctx.obj or {}).get("dagster_instance")
+    with (
+        nullcontext(given) if given else platform_instance(url) as instance,
+        psycopg.connect(url) as conn,
+    ):
+        try:
+            result = collect_status(instance, conn, tenant_ids=tenant_ids)
+        except TenantError as error:
+            raise click.BadParameter(str(error), param_hint="--tenant") from None
+    click.echo(json.dumps(status_json(result), indent=2) if as_json else render_text(result))
+    if check and not result.healthy:
+        ctx.exit(1)
 
 
 @main.command()
@@ -226,6 +268,42 @@ def _set_active(tenant_id: str, active: bool) -> None:
     except TenantError as error:
         raise click.ClickException(str(error)) from None
     click.echo(f"tenant {tenant_id!r} {'activated' if active else 'deactivated'}")
+
+
+@tenants.command("feed")
+@click.argument("tenant_id")
+@click.option(
+    "--on/--off",
+    "on",
+    required=True,
+    help="Configure the tenant's VTEX orders feed (v3) and drain it every minute, or stop"
+    " draining it and delete it on VTEX.",
+)
+@click.option(
+    "--status",
+    "statuses",
+    multiple=True,
+    help="Only changes into this status (repeatable; VTEX does not check the names)."
+    " Default: every status change.",
+)
+def tenants_feed(tenant_id: str, on: bool, statuses: tuple[str, ...]) -> None:
+    """Turn a tenant's VTEX orders feed on or off (needs the app key's "Feed v3 and Hook
+    Admin" role; VTEX keeps one feed per app key, so the key must be ours alone)."""
+    from cdp_assets.vtex.client import VtexError
+    from cdp_assets.vtex.feed import FeedSettings, turn_feed_off, turn_feed_on
+    from cdp_assets.vtex.resources import VtexResource
+
+    try:
+        with _connect() as conn:
+            tenant = get_tenant(conn, tenant_id)
+            client = VtexResource().client_for(tenant)
+            if on:
+                turn_feed_on(conn, client, tenant_id, FeedSettings(statuses or None))
+            else:
+                turn_feed_off(conn, client, tenant_id)
+    except (TenantError, VtexError) as error:
+        raise click.ClickException(str(error)) from None
+    click.echo(f"orders feed of tenant {tenant_id!r} {'on' if on else 'off'}")
 
 
 @main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})

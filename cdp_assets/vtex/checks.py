@@ -69,8 +69,7 @@ def orders_raw_match_staging(warehouse: WarehouseResource) -> dg.AssetCheckResul
         passed=not mismatches,
         metadata={
             "tenants_mismatched": len(mismatches),
-            "details": ", ".join(f"{t}: raw {r} vs staged {s}" for t, r, s in mismatches)
-            or "none",
+            "details": ", ".join(f"{t}: raw {r} vs staged {s}" for t, r, s in mismatches) or "none",
         },
     )
 

@@ -11,7 +11,7 @@ import email.utils
 import random
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -29,6 +29,10 @@ CATALOG_WINDOW = 250
 SKU_PAGE_SIZE = 1000
 SCROLL_SIZE = 1000
 MIN_LIST_WINDOW = timedelta(seconds=1)
+FEED_MAX_LOT = 10  # events per feed read; VTEX serves at most 10
+FEED_VISIBILITY_SECONDS = 240  # VTEX's documented example
+# The longest VTEX allows: a platform outage shorter than this loses no feed event.
+FEED_RETENTION_SECONDS = 1_209_600
 # What downstream models use; `_all` is discouraged by VTEX for bulk reads.
 CUSTOMER_FIELDS = (
     "id,userId,email,firstName,lastName,document,documentType,phone,isCorporate,"
@@ -319,6 +323,55 @@ class VtexClient:
 
     def get_order(self, order_id: str) -> Reply | None:
         return self.get(f"/api/oms/pvt/orders/{order_id}", not_found_ok=True)
+
+    # -- orders feed v3 (one feed per appKey) -------------------------------------------
+
+    def configure_feed(
+        self,
+        statuses: Sequence[str] | None = None,
+        *,
+        visibility_timeout_seconds: int = FEED_VISIBILITY_SECONDS,
+        retention_seconds: int = FEED_RETENTION_SECONDS,
+    ) -> None:
+        """Create or replace the feed with a FromWorkflow filter on `statuses`.
+
+        None leaves the filter out, which delivers every status change. VTEX does not
+        validate status names: a misspelt one silently never matches.
+        """
+        body: dict[str, Any] = {
+            "queue": {
+                "visibilityTimeoutInSeconds": visibility_timeout_seconds,
+                "MessageRetentionPeriodInSeconds": retention_seconds,
+            }
+        }
+        if statuses is not None:
+            body["filter"] = {"type": "FromWorkflow", "status": list(statuses)}
+        self.request("POST", "/api/orders/feed/config", json_body=body)
+
+    def feed_config(self) -> dict[str, Any] | None:
+        """The feed's settings plus `quantity` and `approximateAgeOfOldestMessageInSeconds`;
+        None when no feed exists (never configured, or deleted by VTEX after a whole
+        retention period without events)."""
+        reply = self.get("/api/orders/feed/config", not_found_ok=True)
+        return None if reply is None else reply.data
+
+    def delete_feed(self) -> bool:
+        """Delete the feed and its queued events; False when there was none."""
+        return self.request("DELETE", "/api/orders/feed/config", not_found_ok=True) is not None
+
+    def read_feed(self, maxlot: int = FEED_MAX_LOT) -> list[dict[str, Any]]:
+        """Up to `maxlot` events; VTEX hides them for the visibility timeout, then shows them
+        again unless their handles were committed."""
+        return self.get("/api/orders/feed", params={"maxlot": maxlot}).data or []
+
+    def commit_feed(self, handles: Sequence[str]) -> None:
+        """Delete delivered events by handle.
+
+        VTEX documents no maximum per call; chunks of one lot are what a read hands out.
+        """
+        for start in range(0, len(handles), FEED_MAX_LOT):
+            chunk = list(handles[start : start + FEED_MAX_LOT])
+            self.request("POST", "/api/orders/feed", json_body={"handles": chunk})
 
     # -- catalog -----------------------------------------------------------------------
 

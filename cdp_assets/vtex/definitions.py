@@ -7,6 +7,12 @@ from cdp_assets.vtex.assets import (
     vtex_products,
     vtex_skus,
 )
+from cdp_assets.vtex.checks import orders_raw_match_staging, raw_rows_checks
+from cdp_assets.vtex.feed_defs import (
+    vtex_orders_feed,
+    vtex_orders_feed_sensor,
+    vtex_orders_feed_sync,
+)
 from cdp_assets.vtex.jobs import vtex_orders_sync, vtex_tenant_sync
 from cdp_assets.vtex.resources import VtexResource
 from cdp_assets.vtex.schedules import vtex_catalog_daily, vtex_orders_twice_daily
@@ -14,8 +20,17 @@ from cdp_assets.vtex.schedules import vtex_catalog_daily, vtex_orders_twice_dail
 
 def defs() -> dg.Definitions:
     return dg.Definitions(
-        assets=[vtex_orders, vtex_products, vtex_skus, vtex_customers, vtex_product_collections],
-        jobs=[vtex_tenant_sync, vtex_orders_sync],
+        assets=[
+            vtex_orders,
+            vtex_products,
+            vtex_skus,
+            vtex_customers,
+            vtex_product_collections,
+            vtex_orders_feed,
+        ],
+        asset_checks=[*raw_rows_checks, orders_raw_match_staging],
+        jobs=[vtex_tenant_sync, vtex_orders_sync, vtex_orders_feed_sync],
         schedules=[vtex_orders_twice_daily, vtex_catalog_daily],
+        sensors=[vtex_orders_feed_sensor],
         resources={"vtex": VtexResource()},
     )

@@ -1,0 +1,49 @@
+"""Failed-run alerts to a Slack-compatible incoming webhook (`CDP_ALERT_WEBHOOK_URL`)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+import requests
+
+from cdp_assets.ops.sync_errors import SyncError
+
+WEBHOOK_ENV = "CDP_ALERT_WEBHOOK_URL"
+TIMEOUT_SECONDS = 5  # the sensor tick waits for it: a slow webhook must not stall the daemon
+MAX_ASSETS_LISTED = 5
+
+
+def alert_payload(error: SyncError) -> dict[str, str]:
+    """`{"text": ...}`, which Slack, Mattermost, Rocket.Chat and Google Chat all accept. Built
+    from the stored row only, so the message is already redacted and truncated."""
+    scope = [f"tenant {error.tenant_id}" if error.tenant_id else "no single tenant"]
+    if error.asset_keys:
+        listed = ", ".join(error.asset_keys[:MAX_ASSETS_LISTED])
+        more = len(error.asset_keys) - MAX_ASSETS_LISTED
+        scope.append(listed + (f" and {more} more" if more > 0 else ""))
+    if error.partition_key:
+        scope.append(f"partition {error.partition_key}")
+    where = f"job {error.job_name}" + (f", step {error.step_key}" if error.step_key else "")
+    text = (
+        f"cdp run failed: {'; '.join(scope)}\n"
+        f"{error.error_type}: {error.message}\n"
+        f"{where}, run {error.run_id}"
+    )
+    return {"text": text}
+
+
+def post_alert(
+    url: str, payload: Mapping[str, str], log: logging.Logger | logging.LoggerAdapter
+) -> bool:
+    """POST the payload; False (and a warning) when the webhook cannot be reached or refuses."""
+    try:
+        response = requests.post(url, json=payload, timeout=TIMEOUT_SECONDS)
+        response.raise_for_status()
+    except requests.RequestException as error:
+        # Not str(error): it quotes the URL, and a webhook URL is itself a credential.
+        status = error.response.status_code if error.response is not None else None
+        detail = f", HTTP {status}" if status else ""
+        log.warning(f"alert webhook not reached ({type(error).__name__}{detail})")
+        return False
+    return True

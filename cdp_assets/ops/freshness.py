@@ -1,0 +1,30 @@
+"""How old each tenant-partitioned asset may get: the one place `cdp status` and the assets'
+freshness policies read it from.
+
+Keys are asset key names; `dbt_tenant_models` and `dbt_tenant_scoring` name `@dbt_assets`
+definitions and stand for every model they build (the staging, intermediate and mart views
+and tables of one tenant are rebuilt together, so they share one expectation).
+"""
+
+from datetime import timedelta
+
+# Orders sync every 12 hours (06:00 and 18:00), plus an hour for the run itself: a missed
+# sync shows soon after the next one was due.
+ORDERS = timedelta(hours=13)
+# Daily work (catalog, customers, the tenant's dbt models and CLV fit): a day plus slack.
+DAILY = timedelta(hours=26)
+# Activation runs every 48 hours (sooner on audience changes): two days plus slack.
+ACTIVATION = timedelta(hours=50)
+
+FRESHNESS: dict[str, timedelta] = {
+    "vtex_orders": ORDERS,
+    "vtex_products": DAILY,
+    "vtex_skus": DAILY,
+    "vtex_customers": DAILY,
+    "dbt_tenant_models": DAILY,
+    "customer_predictions": DAILY,
+    "dbt_tenant_scoring": DAILY,
+    "meta_custom_audiences": ACTIVATION,
+    "google_customer_match": ACTIVATION,
+    "vtex_product_collections": ACTIVATION,
+}

@@ -1,0 +1,39 @@
+"""Every failed run becomes a row of `cdp.sync_errors`, and an alert when a webhook is set."""
+
+import os
+import time
+from datetime import UTC, datetime
+
+import dagster as dg
+
+from cdp_assets.lib.warehouse import WarehouseResource
+from cdp_assets.ops.alerts import WEBHOOK_ENV, alert_payload, post_alert
+from cdp_assets.ops.sync_errors import failed_assets, record_sync_error, sync_error_from_run
+
+
+@dg.run_failure_sensor(
+    name="sync_errors_sensor",
+    monitor_all_code_locations=True,
+    default_status=dg.DefaultSensorStatus.RUNNING,
+    description="Records each failed run in cdp.sync_errors and posts it to"
+    f" ${WEBHOOK_ENV} when set.",
+)
+def sync_errors_sensor(context: dg.RunFailureSensorContext, warehouse: WarehouseResource) -> None:
+    run = context.dagster_run
+    record = context.instance.get_run_record_by_id(run.run_id)
+    ended = record.end_time if record is not None and record.end_time else time.time()
+    error = sync_error_from_run(
+        run,
+        context.failure_event,
+        failed_assets(context.instance, run.run_id),
+        datetime.fromtimestamp(ended, UTC),
+    )
+    with warehouse.connect() as conn:
+        recorded = record_sync_error(conn, error)
+    if not recorded:  # seen before: its alert went out then
+        context.log.info(f"run {run.run_id} is already in cdp.sync_errors")
+        return
+    context.log.info(f"run {run.run_id} recorded: tenant {error.tenant_id}, {error.error_type}")
+    url = os.environ.get(WEBHOOK_ENV)
+    if url:
+        post_alert(url, alert_payload(error), context.log)

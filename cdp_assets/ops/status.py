@@ -1,0 +1,345 @@
+"""`cdp status`: per active tenant and tenant-partitioned asset, when it last succeeded, whether
+that is too long ago (`freshness.FRESHNESS`), whether a run failed since, the last error
+recorded in `cdp.sync_errors`, and how many runs are queued or in progress.
+
+Everything comes from the Dagster instance the UI uses (its event log and runs) and the
+warehouse, so the answer matches what the UI shows.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Collection, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import dagster as dg
+import psycopg
+
+from cdp_assets.lib.dagster_home import prepare_dagster_home
+from cdp_assets.ops.freshness import FRESHNESS
+from cdp_assets.ops.sync_errors import SyncError, latest_errors, tenant_of_partition_key
+from cdp_assets.tenants.registry import TenantError, list_tenants
+
+IN_PROGRESS = (
+    dg.DagsterRunStatus.STARTING,
+    dg.DagsterRunStatus.STARTED,
+    dg.DagsterRunStatus.CANCELING,
+)
+ERROR_WIDTH = 100  # of an error message in the text output; --json has all of it
+
+
+@dataclass(frozen=True)
+class AssetStatus:
+    """One asset (or dbt group) of one tenant."""
+
+    tenant_id: str
+    asset: str
+    max_age: timedelta
+    # The partition judged: the tenant's own, or for orders its latest month materialized.
+    partition_key: str | None
+    last_success: datetime | None
+    stale: bool  # never materialized, or last succeeded more than max_age ago
+    # The latest run for it failed after its last success.
+    failed_run_id: str | None
+    failed_at: datetime | None
+    last_error: SyncError | None
+
+    @property
+    def ok(self) -> bool:
+        return not self.stale and self.failed_run_id is None
+
+    @property
+    def state(self) -> str:
+        problems = []
+        if self.last_success is None:
+            problems.append("never")
+        elif self.stale:
+            problems.append("stale")
+        if self.failed_run_id is not None:
+            problems.append("failed")
+        return "+".join(problems) or "ok"
+
+
+@dataclass(frozen=True)
+class Status:
+    checked_at: datetime
+    queued_runs: int
+    in_progress_runs: int
+    assets: tuple[AssetStatus, ...]
+
+    @property
+    def healthy(self) -> bool:
+        return all(asset.ok for asset in self.assets)
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    """What the event log says about one asset key for one tenant."""
+
+    partition_key: str | None = None
+    last_success: datetime | None = None
+    failed_run_id: str | None = None
+    failed_at: datetime | None = None
+
+
+def watched_assets(definitions: dg.Definitions | None = None) -> dict[str, tuple[dg.AssetKey, ...]]:
+    """FRESHNESS names -> the asset keys each stands for (a `@dbt_assets` name: all its models),
+    read from the code location so a renamed asset cannot silently drop out of the check."""
+    if definitions is None:
+        # The whole code location (dbt manifest included): loaded only when asked.
+        from cdp_assets.definitions import defs as definitions
+    found = {}
+    for assets_def in definitions.assets or ():
+        if isinstance(assets_def, dg.AssetsDefinition) and assets_def.is_executable:
+            name = assets_def.node_def.name
+            if name in FRESHNESS:
+                found[name] = tuple(sorted(assets_def.keys))
+    missing = sorted(FRESHNESS.keys() - found.keys())
+    if missing:
+        raise LookupError(f"FRESHNESS names assets the code location lacks: {', '.join(missing)}")
+    return {name: found[name] for name in FRESHNESS}
+
+
+def _outcomes(
+    instance: dg.DagsterInstance, key: dg.AssetKey, tenant_ids: Collection[str]
+) -> dict[str, _Outcome]:
+    """tenant -> its latest partition's last success, and a failed run since, for one key."""
+    latest = instance.get_latest_storage_id_by_partition(
+        key, dg.DagsterEventType.ASSET_MATERIALIZATION
+    )
+    # A tenant's latest partition: its only one, or for tenant x month keys (`month|tenant`,
+    # ISO months sort as text) its latest month, which the twice-daily sync keeps current.
+    judged: dict[str, tuple[str, int]] = {}
+    for partition, storage_id in latest.items():
+        tenant = tenant_of_partition_key(partition)
+        if tenant in tenant_ids and (tenant not in judged or partition > judged[tenant][0]):
+            judged[tenant] = (partition, storage_id)
+    success_at = {}
+    if judged:
+        records = instance.fetch_materializations(
+            dg.AssetRecordsFilter(asset_key=key, storage_ids=[i for _, i in judged.values()]),
+            limit=len(judged),
+        ).records
+        success_at = {r.storage_id: datetime.fromtimestamp(r.timestamp, UTC) for r in records}
+
+    # Planned after the latest materialization of that partition: in progress or failed. An
+    # earlier month failing (a backfill) does not make the tenant's orders unhealthy.
+    attempts: dict[str, list[str]] = defaultdict(list)
+    storage = instance.event_log_storage
+    pending = storage.get_latest_asset_partition_materialization_attempts_without_materializations(
+        key
+    )
+    for partition, (run_id, _) in pending.items():
+        tenant = tenant_of_partition_key(partition)
+        if tenant in tenant_ids and (tenant not in judged or partition >= judged[tenant][0]):
+            attempts[tenant].append(run_id)
+    failed_at = {}
+    run_ids = [run_id for ids in attempts.values() for run_id in ids]
+    if run_ids:
+        failed_runs = instance.get_run_records(
+            dg.RunsFilter(run_ids=run_ids, statuses=[dg.DagsterRunStatus.FAILURE])
+        )
+        failed_at = {
+            r.dagster_run.run_id: (
+                datetime.fromtimestamp(r.end_time, UTC) if r.end_time else r.create_timestamp
+            )
+            for r in failed_runs
+        }
+
+    outcomes = {}
+    for tenant in tenant_ids:
+        partition, storage_id = judged.get(tenant, (None, None))
+        failures = sorted((failed_at[r], r) for r in attempts.get(tenant, ()) if r in failed_at)
+        outcomes[tenant] = _Outcome(
+            partition_key=partition,
+            last_success=success_at.get(storage_id),
+            failed_run_id=failures[-1][1] if failures else None,
+            failed_at=failures[-1][0] if failures else None,
+        )
+    return outcomes
+
+
+def _combine(outcomes: Sequence[_Outcome]) -> _Outcome:
+    """A group of keys (a dbt asset's models) is as fresh as its stalest model, and failed when
+    any of them failed."""
+    successes = [o.last_success for o in outcomes]
+    failures = sorted((o.failed_at, o.failed_run_id) for o in outcomes if o.failed_run_id)
+    return _Outcome(
+        partition_key=next((o.partition_key for o in outcomes if o.partition_key), None),
+        last_success=None if None in successes else min(successes, default=None),
+        failed_run_id=failures[-1][1] if failures else None,
+        failed_at=failures[-1][0] if failures else None,
+    )
+
+
+def collect_status(
+    instance: dg.DagsterInstance,
+    conn: psycopg.Connection,
+    *,
+    tenant_ids: Sequence[str] | None = None,
+    watched: Mapping[str, Sequence[dg.AssetKey]] | None = None,
+    now: datetime | None = None,
+) -> Status:
+    """The status of every active tenant (or of `tenant_ids`, which must be active) for every
+    watched asset (default: every FRESHNESS entry, resolved by `watched_assets()`)."""
+    now = now or datetime.now(UTC)
+    active = [t.tenant_id for t in list_tenants(conn, active_only=True)]
+    if tenant_ids:
+        unknown = sorted(set(tenant_ids) - set(active))
+        if unknown:
+            raise TenantError(f"no active tenant {', '.join(map(repr, unknown))}")
+        active = [t for t in active if t in tenant_ids]
+    watched = watched_assets() if watched is None else watched
+    by_key = {
+        key: _outcomes(instance, key, set(active)) for keys in watched.values() for key in keys
+    }
+    all_keys = [key.to_user_string() for keys in watched.values() for key in keys]
+    errors = latest_errors(conn, active, all_keys)
+
+    assets = []
+    for tenant in active:
+        for name, keys in watched.items():
+            outcome = _combine([by_key[key][tenant] for key in keys])
+            max_age = FRESHNESS[name]
+            tenant_errors = [
+                errors[(tenant, k.to_user_string())]
+                for k in keys
+                if (tenant, k.to_user_string()) in errors
+            ]
+            assets.append(
+                AssetStatus(
+                    tenant_id=tenant,
+                    asset=name,
+                    max_age=max_age,
+                    partition_key=outcome.partition_key,
+                    last_success=outcome.last_success,
+                    stale=outcome.last_success is None or now - outcome.last_success > max_age,
+                    failed_run_id=outcome.failed_run_id,
+                    failed_at=outcome.failed_at,
+                    last_error=max(tenant_errors, key=lambda e: e.occurred_at, default=None),
+                )
+            )
+    return Status(
+        checked_at=now,
+        queued_runs=instance.get_runs_count(dg.RunsFilter(statuses=[dg.DagsterRunStatus.QUEUED])),
+        in_progress_runs=instance.get_runs_count(dg.RunsFilter(statuses=list(IN_PROGRESS))),
+        assets=tuple(assets),
+    )
+
+
+@contextmanager
+def platform_instance(warehouse_url: str) -> Iterator[dg.DagsterInstance]:
+    """The Dagster instance `cdp dev` runs on (DAGSTER_HOME, storage in the warehouse)."""
+    prepare_dagster_home(warehouse_url)
+    with dg.DagsterInstance.get() as instance:
+        yield instance
+
+
+def _age(delta: timedelta) -> str:
+    minutes = int(delta.total_seconds() // 60)
+    hours, minutes = divmod(minutes, 60)
+    if hours >= 48:
+        return f"{hours // 24}d{hours % 24}h"
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m"
+
+
+def _hours(delta: timedelta) -> str:
+    return f"{int(delta.total_seconds() // 3600)}h"
+
+
+def _problem(asset: AssetStatus) -> str:
+    if asset.last_success is None:
+        what = "never materialized"
+    elif asset.stale:
+        what = f"last success over {_hours(asset.max_age)} ago"
+    else:
+        what = ""
+    if asset.failed_run_id is not None:
+        failed = f"run {asset.failed_run_id} failed at {asset.failed_at:%Y-%m-%d %H:%M}"
+        what = f"{what}; {failed}" if what else failed
+    lines = [f"  {asset.tenant_id} {asset.asset}: {what}"]
+    error = asset.last_error
+    if error is not None and (asset.last_success is None or error.occurred_at > asset.last_success):
+        message = " ".join(error.message.split())  # one line
+        if len(message) > ERROR_WIDTH:
+            message = message[: ERROR_WIDTH - 1] + "…"
+        lines.append(f"    {error.error_type}: {message}")
+    return "\n".join(lines)
+
+
+def render_text(status: Status) -> str:
+    """A table (times in UTC), then what needs attention with its latest error."""
+    lines = [
+        f"checked {status.checked_at:%Y-%m-%d %H:%M} UTC; runs: {status.queued_runs} queued,"
+        f" {status.in_progress_runs} in progress"
+    ]
+    if not status.assets:
+        lines.append("no active tenants")
+        return "\n".join(lines)
+    width = max(len("tenant"), *(len(a.tenant_id) for a in status.assets)) + 2
+    lines.append(
+        f"{'tenant':<{width}}{'asset':<26}{'last success':<18}{'age':>7}{'max':>5}  {'state':<14}"
+        "last error"
+    )
+    for a in status.assets:
+        when = f"{a.last_success:%Y-%m-%d %H:%M}" if a.last_success else "never"
+        age = _age(status.checked_at - a.last_success) if a.last_success else "-"
+        error = a.last_error
+        error_text = f"{error.occurred_at:%Y-%m-%d %H:%M} {error.error_type}" if error else ""
+        lines.append(
+            f"{a.tenant_id:<{width}}{a.asset:<26}{when:<18}{age:>7}{_hours(a.max_age):>5}"
+            f"  {a.state:<14}{error_text}".rstrip()
+        )
+    problems = [a for a in status.assets if not a.ok]
+    if not problems:
+        lines.append("all fresh, no failures")
+        return "\n".join(lines)
+    lines.append(f"{len(problems)} of {len(status.assets)} need attention:")
+    lines.extend(_problem(a) for a in problems)
+    return "\n".join(lines)
+
+
+def _iso(moment: datetime | None) -> str | None:
+    return moment.isoformat() if moment else None
+
+
+def status_json(status: Status) -> dict[str, Any]:
+    """The machine-readable form (`cdp status --json`)."""
+    return {
+        "checked_at": _iso(status.checked_at),
+        "healthy": status.healthy,
+        "runs": {"queued": status.queued_runs, "in_progress": status.in_progress_runs},
+        "assets": [
+            {
+                "tenant_id": a.tenant_id,
+                "asset": a.asset,
+                "state": a.state,
+                "ok": a.ok,
+                "partition_key": a.partition_key,
+                "last_success": _iso(a.last_success),
+                "age_seconds": (
+                    int((status.checked_at - a.last_success).total_seconds())
+                    if a.last_success
+                    else None
+                ),
+                "max_age_seconds": int(a.max_age.total_seconds()),
+                "stale": a.stale,
+                "failed_run_id": a.failed_run_id,
+                "failed_at": _iso(a.failed_at),
+                "last_error": a.last_error
+                and {
+                    "occurred_at": _iso(a.last_error.occurred_at),
+                    "error_type": a.last_error.error_type,
+                    "message": a.last_error.message,
+                    "run_id": a.last_error.run_id,
+                    "job_name": a.last_error.job_name,
+                    "step_key": a.last_error.step_key,
+                    "partition_key": a.last_error.partition_key,
+                },
+            }
+            for a in status.assets
+        ],
+    }

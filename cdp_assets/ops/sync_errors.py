@@ -1,0 +1,226 @@
+"""Failed runs as rows of `cdp.sync_errors`: which tenant, which assets, what went wrong.
+
+Building a row is a plain function of the run, its failure event and the assets it left
+unmaterialized, so it is tested on real failed runs without a daemon.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+import dagster as dg
+import psycopg
+
+from cdp_assets.partitions import RANGE_END_TAG, RANGE_START_TAG, tenant_months
+from cdp_assets.tenants.registry import SLUG
+
+if TYPE_CHECKING:
+    from dagster_shared.error import SerializableErrorInfo
+
+MAX_MESSAGE = 1000  # also the column's CHECK
+PARTITION_TAG = "dagster/partition"
+TENANT_TAG = "dagster/partition/tenant"  # runs of tenant x month assets carry it
+
+
+@dataclass(frozen=True)
+class SyncError:
+    """One failed run, as stored in `cdp.sync_errors`."""
+
+    run_id: str
+    job_name: str
+    tenant_id: str | None
+    asset_keys: tuple[str, ...]
+    partition_key: str | None
+    error_type: str
+    message: str
+    step_key: str | None
+    occurred_at: datetime
+
+
+def tenant_of_partition_key(key: str) -> str | None:
+    """The tenant of a `tenants` key (`acme`) or a `tenant_months` key (`2025-01-01|acme`);
+    None for keys of other partitionings (a month alone is not a tenant slug)."""
+    if key.count("|") == 1:
+        key = tenant_months.get_partition_key_from_str(key).keys_by_dimension["tenant"]
+    return key if SLUG.match(key) else None
+
+
+def tenant_from_tags(tags: Mapping[str, str]) -> str | None:
+    """The one tenant a run was for, from Dagster's partition tags; None when it ran for no
+    tenant or for several (a range from one tenant to another)."""
+    if TENANT_TAG in tags:
+        return tags[TENANT_TAG]
+    if PARTITION_TAG in tags:
+        return tenant_of_partition_key(tags[PARTITION_TAG])
+    if RANGE_START_TAG in tags and RANGE_END_TAG in tags:
+        first = tenant_of_partition_key(tags[RANGE_START_TAG])
+        return first if first == tenant_of_partition_key(tags[RANGE_END_TAG]) else None
+    return None
+
+
+def partition_from_tags(tags: Mapping[str, str]) -> str | None:
+    if PARTITION_TAG in tags:
+        return tags[PARTITION_TAG]
+    if RANGE_START_TAG in tags and RANGE_END_TAG in tags:
+        return f"{tags[RANGE_START_TAG]}..{tags[RANGE_END_TAG]}"
+    return None
+
+
+# Values of variables named like credentials (the tenants' and destinations' *_KEY and
+# *_TOKEN references among them) are masked wherever an error message quotes them.
+_SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
+_SECRET_PATTERNS = (
+    # user:password@ in URLs (the warehouse's, a broker's)
+    (re.compile(r"(\b[a-z][a-z0-9+.-]*://[^\s/:@]*:)[^\s/@]+@", re.IGNORECASE), r"\1***@"),
+    (re.compile(r"\b(bearer|basic)\s+[\w.~+/=-]+", re.IGNORECASE), r"\1 ***"),
+    # token=..., "X-VTEX-API-AppToken": "...", password: ...
+    (
+        re.compile(
+            r"((?:token|secret|password|passwd|app_?key|api_?key)[\"']?\s*[:=]\s*[\"']?)"
+            r"[^\s\"'&,;)}]+",
+            re.IGNORECASE,
+        ),
+        r"\1***",
+    ),
+)
+
+
+def redact(text: str, environ: Mapping[str, str] | None = None) -> str:
+    """`text` with credentials masked: values of secret-named variables, URL passwords,
+    bearer tokens and `token=`-style assignments."""
+    environ = os.environ if environ is None else environ
+    for name, value in environ.items():
+        # Short values would mask ordinary words; credentials are longer.
+        if len(value) >= 8 and _SECRET_NAME.search(name):
+            text = text.replace(value, "***")
+    for pattern, replacement in _SECRET_PATTERNS:
+        text = pattern.sub(replacement, text)
+    return text
+
+
+def _truncate(text: str, limit: int = MAX_MESSAGE) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _subclass_names(cls: type) -> set[str]:
+    names = {cls.__name__}
+    for sub in cls.__subclasses__():
+        names |= _subclass_names(sub)
+    return names
+
+
+# Dagster wraps what user code raises ("Error occurred while executing op ..."); the cause is
+# the error worth reading.
+_WRAPPERS = frozenset(_subclass_names(dg.DagsterUserCodeExecutionError))
+
+
+def _user_error(error: SerializableErrorInfo) -> SerializableErrorInfo:
+    while error.cause is not None and error.cls_name in _WRAPPERS:
+        error = error.cause
+    return error
+
+
+def _message_of(error: SerializableErrorInfo) -> str:
+    """The message without the `module.ClassName: ` prefix Dagster stores with it."""
+    text = error.message.strip()
+    prefix = re.match(rf"(?:[\w.]+\.)?{re.escape(error.cls_name)}(?::\s*|$)", text)
+    return text[prefix.end() :] if prefix else text
+
+
+def sync_error_from_run(
+    run: dg.DagsterRun,
+    failure_event: dg.DagsterEvent,
+    failed_assets: Iterable[str],
+    occurred_at: datetime,
+) -> SyncError:
+    """The row for a failed run: tenant and partition from its tags, and the error of its first
+    failed step (or of the run itself when no step failed, e.g. a crashed run worker)."""
+    data = failure_event.event_specific_data  # JobFailureData; None on very old events
+    error = getattr(data, "error", None)
+    step_event = getattr(data, "first_step_failure_event", None)
+    if error is not None:
+        error = _user_error(error)
+        error_type, message = error.cls_name, _message_of(error)
+    else:
+        reason = getattr(data, "failure_reason", None)
+        error_type = reason.value if reason else "RUN_FAILURE"
+        message = failure_event.message or ""
+    return SyncError(
+        run_id=run.run_id,
+        job_name=run.job_name,
+        tenant_id=tenant_from_tags(run.tags),
+        asset_keys=tuple(sorted(failed_assets)),
+        partition_key=partition_from_tags(run.tags),
+        error_type=error_type,
+        message=_truncate(redact(message)),
+        step_key=step_event.step_key if step_event is not None else None,
+        occurred_at=occurred_at,
+    )
+
+
+def failed_assets(instance: dg.DagsterInstance, run_id: str) -> list[str]:
+    """Assets (as `a/b` strings) the run planned for some partition it did not materialize."""
+    planned = instance.get_asset_partitions_for_run(
+        run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION_PLANNED
+    )
+    done = instance.get_asset_partitions_for_run(
+        run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION
+    )
+    return sorted(
+        key.to_user_string()
+        for key, partitions in planned.items()
+        if set(partitions) - set(done.get(key, ()))
+    )
+
+
+_COLUMNS = (
+    "run_id, job_name, tenant_id, asset_keys, partition_key, error_type, message, step_key,"
+    " occurred_at"
+)
+
+
+def record_sync_error(conn: psycopg.Connection, error: SyncError) -> bool:
+    """Store the row unless its run is already there; True when it was stored now."""
+    with conn.transaction():
+        inserted = conn.execute(
+            f"INSERT INTO cdp.sync_errors ({_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)"
+            " ON CONFLICT (run_id) DO NOTHING",
+            (
+                error.run_id,
+                error.job_name,
+                error.tenant_id,
+                list(error.asset_keys),
+                error.partition_key,
+                error.error_type,
+                error.message,
+                error.step_key,
+                error.occurred_at,
+            ),
+        ).rowcount
+    return inserted == 1
+
+
+def latest_errors(
+    conn: psycopg.Connection, tenant_ids: Sequence[str], asset_keys: Sequence[str]
+) -> dict[tuple[str, str], SyncError]:
+    """(tenant, asset key) -> the latest recorded failure of a run that left it unmaterialized."""
+    rows = conn.execute(
+        f"""
+        SELECT DISTINCT ON (e.tenant_id, k.asset_key) k.asset_key, {_COLUMNS}
+          FROM cdp.sync_errors e, unnest(e.asset_keys) AS k(asset_key)
+         WHERE e.tenant_id = ANY(%s) AND k.asset_key = ANY(%s)
+         ORDER BY e.tenant_id, k.asset_key, e.occurred_at DESC
+        """,
+        (list(tenant_ids), list(asset_keys)),
+    ).fetchall()
+    found = {}
+    for asset_key, run_id, job, tenant_id, keys, partition, kind, message, step, at in rows:
+        found[(tenant_id, asset_key)] = SyncError(
+            run_id, job, tenant_id, tuple(keys), partition, kind, message, step, at
+        )
+    return found

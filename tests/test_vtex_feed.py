@@ -1,0 +1,327 @@
+"""VTEX orders feed v3: configured per tenant, drained by a sensor-launched run, at least once."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, date, datetime, timedelta
+
+import dagster as dg
+import psycopg
+import pytest
+from click.testing import CliRunner
+from support import metadata, register, vtex_for
+
+from cdp_assets.cli import main
+from cdp_assets.lib.warehouse import WarehouseResource
+from cdp_assets.partitions import tenants
+from cdp_assets.sandbox import SandboxProcess, StoreSpec
+from cdp_assets.tenants.registry import Tenant
+from cdp_assets.vtex.client import VtexClient
+from cdp_assets.vtex.feed import (
+    FeedError,
+    FeedSettings,
+    FeedState,
+    drain_feed,
+    turn_feed_off,
+    turn_feed_on,
+)
+from cdp_assets.vtex.feed_defs import (
+    IDLE_POLL,
+    feed_run_requests,
+    vtex_orders_feed,
+    vtex_orders_feed_sensor,
+)
+from cdp_assets.vtex.sync import Landing, sync_orders
+
+ACCOUNTS = (
+    "feedcli",
+    "feedland",
+    "feeddup",
+    "feedretry",
+    "feedorder",
+    "feedgone",
+    "senseon",
+    "senseoff",
+)
+
+
+@pytest.fixture(scope="module")
+def sandbox():
+    # One store per test: VTEX keeps one feed per appKey, and a test's queue must be its own.
+    specs = [
+        StoreSpec(
+            account=account,
+            seed=seed,
+            customers=60,
+            orders=200,
+            products=5,
+            history_start=date(2025, 1, 1),
+        )
+        for seed, account in enumerate(ACCOUNTS, start=40)
+    ]
+    with SandboxProcess(specs) as server:
+        yield server
+
+
+def client_for(sandbox: SandboxProcess, tenant: Tenant) -> VtexClient:
+    return vtex_for(sandbox).client_for(tenant)
+
+
+def enable_feed(
+    conn: psycopg.Connection, sandbox: SandboxProcess, tenant: Tenant, **settings
+) -> VtexClient:
+    client = client_for(sandbox, tenant)
+    turn_feed_on(conn, client, tenant.tenant_id, FeedSettings(**settings))
+    return client
+
+
+def change_orders(sandbox: SandboxProcess, account: str, changed: int, new: int) -> list[str]:
+    at = datetime.now(UTC) - timedelta(minutes=5)
+    return sandbox.mutate(account, seed=7, changed=changed, new=new, at=at)
+
+
+def drain(instance: dg.DagsterInstance, sandbox: SandboxProcess, tenant_id: str, **vtex):
+    instance.add_dynamic_partitions(tenants.name, [tenant_id])
+    return dg.materialize(
+        [vtex_orders_feed],
+        partition_key=tenant_id,
+        instance=instance,
+        resources={"warehouse": WarehouseResource(), "vtex": vtex_for(sandbox, **vtex)},
+        raise_on_error=False,
+    )
+
+
+def statuses(conn: psycopg.Connection, tenant_id: str, order_ids: list[str]) -> dict[str, str]:
+    rows = conn.execute(
+        "SELECT order_id, payload->>'status' FROM raw_vtex.orders"
+        " WHERE tenant_id = %s AND order_id = ANY(%s)",
+        (tenant_id, order_ids),
+    )
+    return dict(rows.fetchall())
+
+
+def truth_statuses(sandbox: SandboxProcess, account: str, order_ids: list[str]) -> dict[str, str]:
+    wanted = set(order_ids)
+    return {
+        record["key"]: record["doc"]["status"]
+        for record in sandbox.export(account, "orders")
+        if record["key"] in wanted
+    }
+
+
+def test_cli_turns_the_feed_on_with_a_status_filter_and_off(conn, sandbox, monkeypatch):
+    tenant = register(conn, "t_feed_cli", "feedcli")
+    monkeypatch.setenv("VTEX_BASE_URL_TEMPLATE", sandbox.base_url + "/{account}")
+    runner = CliRunner()
+    assert runner.invoke(main, ["tenants", "feed", "t_feed_cli"]).exit_code == 2  # on or off?
+
+    on = ["tenants", "feed", "t_feed_cli", "--on", "--status", "invoiced", "--status", "canceled"]
+    result = runner.invoke(main, on)
+    assert result.exit_code == 0, result.output
+    client = client_for(sandbox, tenant)
+    config = client.feed_config()
+    assert config["filter"] == {"type": "FromWorkflow", "status": ["invoiced", "canceled"]}
+    assert config["queue"] == {
+        "visibilityTimeoutInSeconds": 240,
+        "MessageRetentionPeriodInSeconds": 1_209_600,
+    }
+    assert config["quantity"] == 0
+    row = conn.execute(
+        "SELECT enabled, statuses FROM cdp.order_feeds WHERE tenant_id = 't_feed_cli'"
+    ).fetchone()
+    assert row == (True, ["invoiced", "canceled"])
+
+    # New orders also pass through order-created and other statuses: the filter drops those.
+    change_orders(sandbox, "feedcli", changed=6, new=4)
+    events = client.read_feed() + client.read_feed()
+    assert len(events) >= 6
+    assert {event["state"] for event in events} <= {"invoiced", "canceled"}
+
+    result = runner.invoke(main, ["tenants", "feed", "t_feed_cli", "--off"])
+    assert result.exit_code == 0, result.output
+    assert client.feed_config() is None
+    conn.rollback()  # a fresh snapshot: the CLI wrote from its own connection
+    (enabled,) = conn.execute(
+        "SELECT enabled FROM cdp.order_feeds WHERE tenant_id = 't_feed_cli'"
+    ).fetchone()
+    assert enabled is False
+
+
+def test_changed_orders_arrive_through_the_feed_and_land_with_their_new_status(
+    conn, instance, sandbox
+):
+    tenant = register(conn, "t_feed_land", "feedland")
+    client = enable_feed(conn, sandbox, tenant)
+    everything = (datetime(2025, 1, 1, tzinfo=UTC), datetime.now(UTC))
+    sync_orders(client, conn, "t_feed_land", *everything, "baseline", Landing())
+    conn.commit()
+    order_ids = change_orders(sandbox, "feedland", changed=8, new=3)
+    changed, new = order_ids[:8], order_ids[8:]
+    before = statuses(conn, "t_feed_land", changed)
+    assert len(before) == 8 and not statuses(conn, "t_feed_land", new)
+
+    result = drain(instance, sandbox, "t_feed_land")
+    assert result.success
+    counts = metadata(result)
+    # One event per status change; a new order also passes through order-created.
+    assert counts["feed_events"] == counts["handles_committed"] == 8 + 2 * 3
+    assert counts["orders_fetched"] == 11 and counts["feed_duplicate_events"] == 0
+    assert (counts["rows_inserted"], counts["rows_updated"], counts["rows_rejected"]) == (3, 8, 0)
+    conn.rollback()
+    after = statuses(conn, "t_feed_land", order_ids)
+    assert after == truth_statuses(sandbox, "feedland", order_ids)
+    assert all(after[order_id] != before[order_id] for order_id in changed)
+    assert client.feed_config()["quantity"] == 0
+
+    again = metadata(drain(instance, sandbox, "t_feed_land"))
+    assert again["feed_events"] == again["rows_received"] == 0
+
+
+def test_duplicate_deliveries_fetch_each_order_once_and_are_all_committed(conn, sandbox):
+    tenant = register(conn, "t_feed_dup", "feeddup")
+    client = enable_feed(conn, sandbox, tenant, visibility_timeout_seconds=1)
+    order_ids = change_orders(sandbox, "feeddup", changed=20, new=0)
+    gets_before = sandbox.stats()["accounts"]["feeddup"]["requests"].get("get_order", 0)
+    sandbox.set_faults({"seed": 3, "duplicate_feed_events": True, "routes": ["feed"]})
+    try:
+        result = drain_feed(conn, client, "t_feed_dup", "test-run")
+    finally:
+        sandbox.clear_faults()
+
+    assert result.duplicate_events > 0
+    assert result.events == 20 + result.duplicate_events == result.handles_committed
+    assert result.orders == 20 and result.landing.counts.inserted == 20
+    gets = sandbox.stats()["accounts"]["feeddup"]["requests"]["get_order"] - gets_before
+    assert gets == 20
+    (rows,) = conn.execute(
+        "SELECT count(*) FROM raw_vtex.orders WHERE tenant_id = 't_feed_dup'"
+        " AND order_id = ANY(%s)",
+        (order_ids,),
+    ).fetchone()
+    assert rows == 20
+    # Every delivery was committed: nothing comes back once the visibility timeout is over.
+    time.sleep(1.1)
+    assert client.read_feed() == [] and client.feed_config()["quantity"] == 0
+
+
+def test_events_of_a_failed_drain_stay_queued_and_land_on_the_next_run(conn, instance, sandbox):
+    tenant = register(conn, "t_feed_retry", "feedretry")
+    client = enable_feed(conn, sandbox, tenant, visibility_timeout_seconds=1)
+    order_ids = change_orders(sandbox, "feedretry", changed=6, new=2)
+    sandbox.set_faults({"rate_5xx": 1.0, "routes": ["orders"]})  # Get order fails, not the feed
+    try:
+        failed = drain(instance, sandbox, "t_feed_retry", max_retries=0)
+    finally:
+        sandbox.clear_faults()
+    assert not failed.success
+    error = failed.get_step_failure_events()[0].event_specific_data.error.to_string()
+    assert "VtexRequestFailed" in error
+    conn.rollback()
+    assert statuses(conn, "t_feed_retry", order_ids) == {}
+    assert client.feed_config()["quantity"] == 6 + 2 * 2  # read, but none committed
+
+    time.sleep(1.1)  # VTEX shows uncommitted events again after the visibility timeout
+    retried = drain(instance, sandbox, "t_feed_retry")
+    assert retried.success
+    counts = metadata(retried)
+    assert counts["feed_events"] == counts["handles_committed"] == 10
+    assert counts["rows_inserted"] == 8
+    conn.rollback()
+    assert statuses(conn, "t_feed_retry", order_ids) == truth_statuses(
+        sandbox, "feedretry", order_ids
+    )
+    assert client.feed_config()["quantity"] == 0
+
+
+def test_handles_are_committed_only_once_the_rows_are_visible_to_others(
+    conn, sandbox, warehouse_url
+):
+    tenant = register(conn, "t_feed_order", "feedorder")
+    client = enable_feed(conn, sandbox, tenant)
+    order_ids = change_orders(sandbox, "feedorder", changed=5, new=2)
+    visible_at_commit: list[int] = []
+    commit = client.commit_feed
+
+    def checked_commit(handles: list[str]) -> None:
+        # Another session sees only committed rows.
+        with psycopg.connect(warehouse_url) as other:
+            (count,) = other.execute(
+                "SELECT count(*) FROM raw_vtex.orders WHERE tenant_id = 't_feed_order'"
+                " AND order_id = ANY(%s)",
+                (order_ids,),
+            ).fetchone()
+        visible_at_commit.append(count)
+        commit(handles)
+
+    client.commit_feed = checked_commit
+    result = drain_feed(conn, client, "t_feed_order", "test-run")
+    assert result.handles_committed == 5 + 2 * 2
+    assert visible_at_commit == [7]
+
+
+def test_a_feed_vtex_deleted_is_recreated_and_a_feed_turned_off_is_not_drained(conn, sandbox):
+    tenant = register(conn, "t_feed_gone", "feedgone")
+    client = enable_feed(
+        conn, sandbox, tenant, statuses=("invoiced",), visibility_timeout_seconds=30
+    )
+    assert client.delete_feed()  # what VTEX does to a feed without events for its retention
+    result = drain_feed(conn, client, "t_feed_gone", "test-run")
+    assert result.recreated and result.events == 0
+    config = client.feed_config()
+    assert config["filter"]["status"] == ["invoiced"]
+    assert config["queue"]["visibilityTimeoutInSeconds"] == 30
+
+    assert turn_feed_off(conn, client, "t_feed_gone")
+    with pytest.raises(FeedError, match="is off"):
+        drain_feed(conn, client, "t_feed_gone", "test-run")
+
+
+def feed(tenant_id: str, priority: int, drained_ago: timedelta | None, events: int | None):
+    now = datetime(2026, 6, 1, 12, tzinfo=UTC)
+    tenant = Tenant(tenant_id, tenant_id.replace("_", ""), "K", "T", priority=priority)
+    return FeedState(tenant, None if drained_ago is None else now - drained_ago, events)
+
+
+def test_run_requests_skip_tenants_in_flight_idle_or_without_a_partition():
+    now = datetime(2026, 6, 1, 12, tzinfo=UTC)
+    feeds = [
+        feed("busy", 1, timedelta(minutes=1), 40),
+        feed("never_drained", 2, None, None),
+        feed("idle_recently", 3, IDLE_POLL - timedelta(seconds=1), 0),
+        feed("idle_long_ago", 4, IDLE_POLL, 0),
+        feed("running", 5, timedelta(minutes=1), 10),
+        feed("no_partition", 6, None, None),
+    ]
+    keys = {f.tenant.tenant_id for f in feeds} - {"no_partition"}
+    requests = feed_run_requests(feeds, keys, {"running"}, now)
+    assert [r.partition_key for r in requests] == ["busy", "never_drained", "idle_long_ago"]
+    assert requests[0].tags["dagster/priority"] == "-1"
+    assert requests[0].run_key == "busy|202606011200"
+
+
+def test_sensor_requests_drains_only_for_tenants_with_the_feed_on(conn, sandbox):
+    on = register(conn, "t_sense_on", "senseon")
+    off = register(conn, "t_sense_off", "senseoff")
+    register(conn, "t_sense_none", "senseon")
+    client = enable_feed(conn, sandbox, on)
+    turn_feed_off(conn, enable_feed(conn, sandbox, off), "t_sense_off")
+    change_orders(sandbox, "senseon", changed=2, new=0)
+    ours = {"t_sense_on", "t_sense_off", "t_sense_none"}
+
+    def tick() -> set[str]:
+        # A throwaway instance: the context disposes the instance it is given.
+        scratch = dg.DagsterInstance.ephemeral()
+        scratch.add_dynamic_partitions(tenants.name, sorted(ours))
+        resources = {"warehouse": WarehouseResource()}
+        with dg.build_sensor_context(instance=scratch, resources=resources) as context:
+            result = vtex_orders_feed_sensor(context)
+        if isinstance(result, dg.SkipReason):
+            return set()
+        assert all(r.job_name in (None, "vtex_orders_feed_sync") for r in result)
+        return {r.partition_key for r in result} & ours
+
+    assert tick() == {"t_sense_on"}
+    assert drain_feed(conn, client, "t_sense_on", "test-run").events == 2
+    assert tick() == {"t_sense_on"}  # the last drain found events: there may be more
+    assert drain_feed(conn, client, "t_sense_on", "test-run").events == 0
+    assert tick() == set()  # idle: polled again after IDLE_POLL
