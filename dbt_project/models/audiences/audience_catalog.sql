@@ -20,8 +20,10 @@ audiences as (
     ]) as audience_list (audience)
 ),
 
+-- Tenants from the customers table, not the stg_cdp__tenants view: every tenant run
+-- recreates that view, and dropping its old copy cascades to views built on it.
 tenants as (
-    select tenant_id from {{ ref('stg_cdp__tenants') }}
+    select distinct tenant_id from {{ ref('customers') }}
 )
 
 select
