@@ -53,6 +53,55 @@ def demo() -> None:
 
 
 @main.command()
+@click.option(
+    "--scale",
+    type=click.Choice(["small", "seed", "large"]),
+    default="small",
+    show_default=True,
+    help="small: 3 tenants, 15k orders (CI smoke test); seed: the old system's load, 41"
+    " tenants, 1M orders; large: 1M customers, 5M orders.",
+)
+@click.option(
+    "--output",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=PROJECT_ROOT / "bench" / "results",
+    show_default=True,
+    help="Folder for <scale>.json, <scale>.svg and summary.md.",
+)
+@click.option(
+    "--fraction",
+    type=click.FloatRange(0, 1, min_open=True),
+    default=1.0,
+    show_default=True,
+    help="Generate this share of the scale's history (same tenants and daily increment), for"
+    " a machine on which the whole scale takes too long; the report says so.",
+)
+@click.option("--keep-database", is_flag=True, help="Keep the benchmark's database afterwards.")
+def bench(scale: str, output: Path, fraction: float, keep_database: bool) -> None:
+    """Benchmark every stage (write path, ingestion, analytics, activation, daily increment)
+    through the platform's Dagster jobs against the sandboxes, and report against targets."""
+    # Preview notices from loading the code location, once per definition: noise here.
+    warnings.filterwarnings("ignore", message=".*is currently in preview")
+    from cdp_assets.bench import run_bench
+
+    report = run_bench(
+        scale, output, echo=click.echo, keep_database=keep_database, fraction=fraction
+    )
+    for row in report["targets"]:
+        if row["applies"] and row["met"] is not None:
+            verdict = "met" if row["met"] else "MISSED"
+            click.echo(
+                f"{verdict:>7}  {row['target']}: {row['value']:,.2f} {row['unit']}"
+                f" ({row['comparison']} {row['limit']:g} {row['unit']})"
+            )
+    failed = [c for c in report["consistency"] if not c["ok"]]
+    for check in failed:
+        click.echo(f"INCONSISTENT  {check['stage']}: {check['check']}: {check}")
+    if failed:
+        raise SystemExit(1)
+
+
+@main.command()
 def migrate() -> None:
     """Apply pending database migrations."""
     url = migrated_url()
@@ -328,3 +377,20 @@ def sandbox(args: tuple[str, ...]) -> None:
 
     args = args or ("--port", "8765", *demo_store_args())
     os.execv(sys.executable, [sys.executable, "-m", "cdp_assets.sandbox", *args])
+
+
+@main.command(context_settings={"ignore_unknown_options": True})
+@click.option(
+    "--full",
+    is_flag=True,
+    help="Also run the long randomized scenarios (marked `long`), which CI leaves out.",
+)
+@click.argument("pytest_args", nargs=-1, type=click.UNPROCESSED)
+def reliability(full: bool, pytest_args: tuple[str, ...]) -> None:
+    """Run the reliability and security suite (tests/reliability) and print its table:
+    scenario, faults injected, records checked, lost, duplicates, result. Extra arguments go
+    to pytest (e.g. `-k isolation`). Exits 1 when a test fails or anything was lost or
+    duplicated."""
+    from cdp_assets.reliability import run_suite
+
+    raise SystemExit(run_suite(full, pytest_args))

@@ -34,7 +34,7 @@ def require_audience(conn: psycopg.Connection, audience: str) -> None:
 
 # Part of every source fingerprint: bump it when a normalization rule changes, so every
 # member is hashed again under the new rule.
-NORMALIZATION_VERSION = "1"
+NORMALIZATION_VERSION = "2"  # 2: names re-composed (NFC) after dropping symbols
 
 
 def audience_members(

@@ -16,6 +16,7 @@ from cdp_assets.activation.destinations import (
     add_destination,
 )
 from cdp_assets.lib.warehouse import migrated_url
+from cdp_assets.tenants.registry import SLUG
 
 
 def _connect() -> psycopg.Connection:
@@ -159,6 +160,8 @@ def destinations_audience(
 @click.option("--limit", default=20, show_default=True)
 def destinations_history(destination_id: str | None, limit: int) -> None:
     """The latest syncs (cdp.activation_runs), newest first."""
+    if destination_id is not None and not SLUG.fullmatch(destination_id):
+        raise click.BadParameter(f"{destination_id[:80]!r} is not a destination id (a slug)")
     with _connect() as conn:
         rows = conn.execute(
             """

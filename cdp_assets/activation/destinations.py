@@ -49,21 +49,25 @@ class Destination:
 
     def validate(self) -> None:
         problems = []
-        if not SLUG.match(self.destination_id):
+        if not SLUG.fullmatch(self.destination_id):
             problems.append(f"destination id {self.destination_id[:80]!r} is not a slug")
+        if not SLUG.fullmatch(self.tenant_id):
+            problems.append(f"tenant id {self.tenant_id[:80]!r} is not a slug")
         if self.platform not in PLATFORMS:
             problems.append(f"platform must be one of {', '.join(PLATFORMS)}")
-        elif self.platform.startswith("google") and not re.fullmatch(r"\d{10}", self.account_id):
+        elif self.platform.startswith("google") and not re.fullmatch(r"[0-9]{10}", self.account_id):
             problems.append("a Google Ads customer id is 10 digits, no dashes")
-        elif self.platform == "meta" and not re.fullmatch(r"\d{1,20}", self.account_id):
+        elif self.platform == "meta" and not re.fullmatch(r"[0-9]{1,20}", self.account_id):
             problems.append("a Meta ad account id is its digits, without 'act_'")
-        if self.login_account_id is not None and not re.fullmatch(r"\d{10}", self.login_account_id):
+        if self.login_account_id is not None and not re.fullmatch(
+            r"[0-9]{10}", self.login_account_id
+        ):
             problems.append("the login (manager) account id is 10 digits, no dashes")
         for role in CREDENTIAL_ROLES.get(self.platform, ()):
             if role not in self.credential_refs:
                 problems.append(f"credential reference {role!r} is missing")
         for role, ref in self.credential_refs.items():
-            if not ENV_REF.match(ref):
+            if not isinstance(ref, str) or not ENV_REF.fullmatch(ref):
                 problems.append(f"credential reference {role!r} is not an environment variable")
         for consent in (self.ad_user_data_consent, self.ad_personalization_consent):
             if consent not in CONSENT:
@@ -141,7 +145,9 @@ def add_audience(
     active: bool = True,
 ) -> None:
     """Send an audience (or a collection rule) to a destination; keeps its platform id."""
-    if not SLUG.match(audience):
+    if not SLUG.fullmatch(destination_id):
+        raise DestinationError(f"destination id {destination_id[:80]!r} is not a slug")
+    if not SLUG.fullmatch(audience):
         raise DestinationError(f"audience {audience[:80]!r} is not a model name")
     conn.execute(
         """

@@ -97,7 +97,9 @@ def normalize_name(value: str | None) -> str | None:
         return None
     text = unicodedata.normalize("NFC", value).lower()
     kept = "".join(ch for ch in text if unicodedata.category(ch)[0] not in "PS")
-    return " ".join(kept.split()) or None
+    # NFC again: dropping a symbol can leave a letter next to the accent it was separated
+    # from ("e!\u0301"), and the platforms hash the composed form ("é").
+    return unicodedata.normalize("NFC", " ".join(kept.split())) or None
 
 
 @lru_cache(maxsize=512)

@@ -101,6 +101,9 @@ def activate(
     for target in targets:
         destination = target.destination
         try:
+            # Rows edited by hand skip add_destination's checks: a malformed account id or
+            # credential reference is refused here, before any call to the platform.
+            destination.validate()
             platform = clients.get(destination.destination_id)
             if platform is None:
                 platform = clients[destination.destination_id] = platform_for(destination)

@@ -18,6 +18,7 @@ from cdp_assets.analytics.dbt_project import (
 from cdp_assets.analytics.predictions import HORIZON_MONTHS, Predictions, predict
 from cdp_assets.lib.warehouse import WarehouseResource, migrated_url
 from cdp_assets.partitions import tenants
+from cdp_assets.tenants.registry import SLUG
 
 MANIFEST = ensure_manifest()
 # Models by folder; their tests come by (cautious) indirect selection, so a test declared
@@ -35,6 +36,10 @@ def dbt_vars(tenant_id: str | None) -> str:
     """`--vars` for one tenant (or all), as of today in UTC."""
     values = {"as_of": datetime.now(UTC).date().isoformat()}
     if tenant_id is not None:
+        # The macros refuse such an id too, but dbt would first choke on its YAML (JSON
+        # escapes of characters beyond the BMP are not YAML) with a baffling error.
+        if not SLUG.fullmatch(tenant_id):
+            raise ValueError(f"tenant id {tenant_id[:80]!r} is not a slug")
         values["tenant_id"] = tenant_id
     return json.dumps(values)
 

@@ -37,14 +37,16 @@ def record_rejects(
                 (
                     tenant_id,
                     entity,
-                    r.natural_key,
+                    key,
                     r.reason,
                     _text(r.raw_text),
-                    r.natural_key,
+                    key,
                     _text(r.raw_text),
                     run_id,
                 )
                 for r in rejects
+                # A key can hold a NUL too (`"orderId": "1\u0000"`, refused for that reason).
+                for key in [None if r.natural_key is None else _text(r.natural_key)]
             ],
         )
 

@@ -7,15 +7,19 @@ Rows are pre-hashed (``META_SCHEMA``, our own normalization) and sent with the S
 - the SDK judges success by the body, so a 502 with an HTML page returns without an
   exception: the HTTP status and ``num_received`` are checked here;
 - its exceptions print every request parameter, i.e. the whole batch, so they are replaced
-  by ``MetaError`` holding only Meta's code, subcode and message.
+  by ``MetaError`` holding only Meta's code, subcode and message;
+- a request that never got an answer raises ``requests``' error, whose text holds the URL
+  and so the access token of a GET: it becomes a transient ``MetaError`` without the query.
 """
 
 from __future__ import annotations
 
+import re
 import secrets
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+import requests
 from facebook_business.api import FacebookAdsApi, FacebookResponse
 from facebook_business.exceptions import FacebookRequestError
 from facebook_business.session import FacebookSession
@@ -28,6 +32,7 @@ from cdp_assets.lib.retry import with_backoff
 BATCH_SIZE = 10_000  # Meta's documented maximum rows per /users request
 # Business-use-case, user, ad-account and app rate limits.
 RATE_LIMIT_CODES = frozenset({80003, 17, 613, 4, 32})
+QUERY_STRING = re.compile(r"\?[^\s'\"]*")  # of a URL quoted in an error: holds access_token
 
 
 class MetaError(RuntimeError):
@@ -117,6 +122,9 @@ class MetaAudiences:
                     status=error.http_status(),
                     transient=bool(error.api_transient_error()),
                 ) from None
+            except requests.RequestException as error:  # no answer: refused, reset, timeout
+                message = QUERY_STRING.sub("", f"{type(error).__name__}: {error}")
+                raise MetaError(message, transient=True) from None
 
         def count_retry(_: Exception) -> None:
             self.retries += 1

@@ -1,7 +1,19 @@
 import dagster as dg
 
+from cdp_assets.ops.metrics_defs import (
+    OpsMetricsResource,
+    operations_metrics,
+    operations_metrics_job,
+    operations_metrics_schedule,
+)
 from cdp_assets.ops.sensors import sync_errors_sensor
 
 
 def defs() -> dg.Definitions:
-    return dg.Definitions(sensors=[sync_errors_sensor])
+    return dg.Definitions(
+        assets=[operations_metrics],
+        jobs=[operations_metrics_job],
+        schedules=[operations_metrics_schedule],
+        sensors=[sync_errors_sensor],
+        resources={"ops_metrics": OpsMetricsResource()},
+    )

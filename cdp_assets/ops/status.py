@@ -1,6 +1,7 @@
 """`cdp status`: per active tenant and tenant-partitioned asset, when it last succeeded, whether
 that is too long ago (`freshness.FRESHNESS`), whether a run failed since, the last error
-recorded in `cdp.sync_errors`, and how many runs are queued or in progress.
+recorded in `cdp.sync_errors`, and how many runs are queued or in progress; then the operations
+metrics (`metrics.py`), the same figures the `operations_metrics` asset records.
 
 Everything comes from the Dagster instance the UI uses (its event log and runs) and the
 warehouse, so the answer matches what the UI shows.
@@ -20,8 +21,10 @@ import psycopg
 
 from cdp_assets.lib.dagster_home import prepare_dagster_home
 from cdp_assets.ops.freshness import FRESHNESS
+from cdp_assets.ops.metrics import MetricsReport, collect_metrics, metrics_json, render_metrics
 from cdp_assets.ops.sync_errors import SyncError, latest_errors, tenant_of_partition_key
 from cdp_assets.tenants.registry import TenantError, list_tenants
+from cdp_assets.vtex.resources import VtexResource
 
 IN_PROGRESS = (
     dg.DagsterRunStatus.STARTING,
@@ -69,10 +72,12 @@ class Status:
     queued_runs: int
     in_progress_runs: int
     assets: tuple[AssetStatus, ...]
+    metrics: MetricsReport
 
     @property
     def healthy(self) -> bool:
-        return all(asset.ok for asset in self.assets)
+        """Every asset ok, and no metric past its alert threshold."""
+        return all(asset.ok for asset in self.assets) and not self.metrics.alerting
 
 
 @dataclass(frozen=True)
@@ -184,7 +189,8 @@ def collect_status(
     now: datetime | None = None,
 ) -> Status:
     """The status of every active tenant (or of `tenant_ids`, which must be active) for every
-    watched asset (default: every FRESHNESS entry, resolved by `watched_assets()`)."""
+    watched asset (default: every FRESHNESS entry, resolved by `watched_assets()`), and the
+    operations metrics (with `tenant_ids`, of those tenants' runs and VTEX accounts)."""
     now = now or datetime.now(UTC)
     active = [t.tenant_id for t in list_tenants(conn, active_only=True)]
     if tenant_ids:
@@ -227,6 +233,13 @@ def collect_status(
         queued_runs=instance.get_runs_count(dg.RunsFilter(statuses=[dg.DagsterRunStatus.QUEUED])),
         in_progress_runs=instance.get_runs_count(dg.RunsFilter(statuses=list(IN_PROGRESS))),
         assets=tuple(assets),
+        metrics=collect_metrics(
+            instance,
+            conn,
+            requests_per_second=VtexResource().request_rate(),
+            tenant_ids=active if tenant_ids else None,
+            now=now,
+        ),
     )
 
 
@@ -271,6 +284,11 @@ def _problem(asset: AssetStatus) -> str:
 
 
 def render_text(status: Status) -> str:
+    """The assets' table and what needs attention, then the metrics."""
+    return f"{_render_assets(status)}\n{render_metrics(status.metrics)}"
+
+
+def _render_assets(status: Status) -> str:
     """A table (times in UTC), then what needs attention with its latest error."""
     lines = [
         f"checked {status.checked_at:%Y-%m-%d %H:%M} UTC; runs: {status.queued_runs} queued,"
@@ -342,4 +360,5 @@ def status_json(status: Status) -> dict[str, Any]:
             }
             for a in status.assets
         ],
+        "metrics": metrics_json(status.metrics),
     }

@@ -47,7 +47,7 @@ def tenant_of_partition_key(key: str) -> str | None:
     None for keys of other partitionings (a month alone is not a tenant slug)."""
     if key.count("|") == 1:
         key = tenant_months.get_partition_key_from_str(key).keys_by_dimension["tenant"]
-    return key if SLUG.match(key) else None
+    return key if SLUG.fullmatch(key) else None
 
 
 def tenant_from_tags(tags: Mapping[str, str]) -> str | None:

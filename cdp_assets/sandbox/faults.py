@@ -32,6 +32,7 @@ class FaultConfig:
     rate_slow: float = 0.0
     slow_seconds: float = 3.0
     duplicate_pages: bool = False
+    reorder_pages: bool = False
     duplicate_feed_events: bool = False
     routes: frozenset[str] = field(default_factory=lambda: ROUTE_FAMILIES)
 
@@ -61,7 +62,7 @@ class FaultConfig:
                 if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
                     raise ValueError("routes must be a list of route family names")
                 kwargs[key] = frozenset(value)
-            elif key in ("duplicate_pages", "duplicate_feed_events"):
+            elif key in ("duplicate_pages", "reorder_pages", "duplicate_feed_events"):
                 if not isinstance(value, bool):
                     raise ValueError(f"{key} must be a boolean")
                 kwargs[key] = value
@@ -121,6 +122,16 @@ class FaultInjector:
         if not self.config.duplicate_pages or family not in self.config.routes:
             return 0
         return 1 + self._random.randrange(3)
+
+    def reordered_page(self, family: str) -> bool:
+        """Whether this page is served as if the list's order had changed since the previous
+        page: it starts one record early, repeating the previous page's last record, and its
+        own last record is served by no page unless the next one shifts too."""
+        return (
+            self.config.reorder_pages
+            and family in self.config.routes
+            and self._random.random() < 0.5
+        )
 
     def duplicate_feed_event(self) -> bool:
         """Whether to deliver the feed event being read a second time in the same batch."""

@@ -408,6 +408,9 @@ async def list_orders(call: _Call) -> Response:
     rows = query.rows
     total = len(rows)
     start = (page - 1) * per_page
+    if page > 1 and call.sandbox.injector.reordered_page("orders"):
+        call.account.faults["reorder_pages"] += 1
+        start -= 1
     # VTEX serves 30 pages and then silently returns empty lists while still reporting the total.
     selected = rows[start : start + per_page] if page <= LIST_MAX_PAGES else rows[:0]
     if page > 1 and len(selected):

@@ -13,6 +13,8 @@ from datetime import date
 
 import psycopg
 
+# Always used with fullmatch: with match, Python's $ also matches before a final newline,
+# so "acme\n" would pass as a slug.
 SLUG = re.compile(r"^[a-z][a-z0-9_]{1,62}$")
 ACCOUNT = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 ENV_REF = re.compile(r"^[A-Z_][A-Z0-9_]{0,127}$")
@@ -46,19 +48,19 @@ class Tenant:
 
     def validate(self) -> None:
         problems = []
-        if not SLUG.match(self.tenant_id):
+        if not SLUG.fullmatch(self.tenant_id):
             problems.append(
                 f"tenant id {self.tenant_id[:80]!r} is not a slug (lower-case letters, digits and"
                 " '_', starting with a letter, 2-63 characters)"
             )
-        if not ACCOUNT.match(self.account_name):
+        if not ACCOUNT.fullmatch(self.account_name):
             problems.append(f"account name {self.account_name[:80]!r} is not a VTEX account name")
         if self.environment not in ENVIRONMENTS:
             problems.append(f"environment must be one of {', '.join(ENVIRONMENTS)}")
         for label, ref in (("app key", self.app_key_ref), ("app token", self.app_token_ref)):
             if not ref:
                 problems.append(f"the {label} reference is missing")
-            elif not ENV_REF.match(ref):
+            elif not ENV_REF.fullmatch(ref):
                 problems.append(
                     f"the {label} reference {ref[:80]!r} is not an environment variable name"
                 )
@@ -113,7 +115,15 @@ def add_tenant(conn: psycopg.Connection, tenant: Tenant) -> None:
     )
 
 
+def _require_slug(tenant_id: str) -> None:
+    # Not a slug, so not in the table: refused before the query, which could not even carry
+    # some such values (NUL, or the lone surrogates undecodable argv bytes become).
+    if not isinstance(tenant_id, str) or not SLUG.fullmatch(tenant_id):
+        raise TenantError(f"no tenant {str(tenant_id)[:80]!r}: tenant ids are slugs")
+
+
 def set_active(conn: psycopg.Connection, tenant_id: str, active: bool) -> None:
+    _require_slug(tenant_id)
     updated = conn.execute(
         "UPDATE cdp.tenants SET active = %s, updated_at = now() WHERE tenant_id = %s",
         (active, tenant_id),
@@ -132,6 +142,7 @@ def list_tenants(conn: psycopg.Connection, *, active_only: bool = False) -> list
 
 def get_tenant(conn: psycopg.Connection, tenant_id: str) -> Tenant:
     """The tenant to sync; refuses unknown and inactive tenants."""
+    _require_slug(tenant_id)
     row = conn.execute(f"SELECT {_COLUMNS} FROM cdp.tenants WHERE tenant_id = %s", (tenant_id,))
     found = row.fetchone()
     if found is None:

@@ -17,25 +17,35 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from cdp_assets.tenants.registry import SLUG
+
 RANKINGS = {
     "revenue": sql.SQL("sum(items.line_total)"),
     "buyers": sql.SQL("count(DISTINCT purchases.customer_key)"),
 }
 DEFAULTS: dict[str, Any] = {"rank_by": "revenue", "days": 90, "top_n": 50}
+# Bounds: millions of days fail the query (a date before 4713 BC), and every SKU is one paced
+# VTEX call (2 a second), so 10,000 already take an hour and a half.
+LIMITS = {"days": 36_500, "top_n": 10_000}
 
 
 def rule_params(params: dict[str, Any]) -> dict[str, Any]:
     """The rule's parameters with defaults, refused with a clear message when malformed."""
+    if not isinstance(params, dict):  # a hand-edited params column may hold any JSON
+        raise ValueError("collection rule: parameters must be a JSON object")
     merged = {**DEFAULTS, **params}
     unknown = set(merged) - {*DEFAULTS, "audience"}
     problems = [f"unknown parameters {sorted(unknown)}"] if unknown else []
-    if not isinstance(merged.get("audience"), str):
-        problems.append("'audience' (an audience materialized view) is required")
-    if merged["rank_by"] not in RANKINGS:
+    audience = merged.get("audience")
+    if not isinstance(audience, str) or not SLUG.fullmatch(audience):
+        problems.append("'audience' (the name of an audience materialized view) is required")
+    if not isinstance(merged["rank_by"], str) or merged["rank_by"] not in RANKINGS:
         problems.append(f"'rank_by' must be one of {sorted(RANKINGS)}")
-    for name in ("days", "top_n"):
-        if not isinstance(merged[name], int) or merged[name] < 1:
-            problems.append(f"{name!r} must be a positive integer")
+    for name, limit in LIMITS.items():
+        value = merged[name]
+        # bool is an int in Python: `true` must not pass for 1.
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= limit:
+            problems.append(f"{name!r} must be an integer from 1 to {limit}")
     if problems:
         raise ValueError("collection rule: " + "; ".join(problems))
     return merged

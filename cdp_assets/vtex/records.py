@@ -6,13 +6,35 @@ downstream models rely on); everything else stays in the JSONB payload for dbt t
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+import re
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import orjson
 
 from cdp_assets.lib.rejects import Reject
 from cdp_assets.lib.upsert import Row
+
+# VTEX's instant shape. `datetime.fromisoformat` alone also takes week dates (2025-W01-1),
+# comma fractions and non-ASCII digits, which Postgres refuses when staging casts the
+# payload's text (`(payload ->> 'updatedIn')::timestamptz`): one such value would fail the
+# tenant's whole dbt build.
+INSTANT = re.compile(
+    r"[0-9]{4}-[0-9]{2}-[0-9]{2}[T ][0-9]{2}:[0-9]{2}(?::[0-9]{2}(?:\.[0-9]{1,7})?)?"
+    r"(?:Z|[+-][0-9]{2}:?[0-9]{2})?"
+)
+# Real UTC offsets lie within -12:00..+14:00; Postgres refuses anything beyond 15:59.
+MAX_OFFSET = timedelta(hours=14)
+# Amounts in cents: VTEX's are far below this. Larger ones are corrupt data, and staging
+# turns cents into numeric(18, 2) units (and sums them per customer), which would overflow.
+MAX_CENTS = 10**12
+MAX_QUANTITY = 2**31 - 1  # staging casts quantity to integer
+# VTEX ids are tens of characters. A key of a few kilobytes would not fit the primary key's
+# index and fail the upsert of its whole batch.
+MAX_KEY = 256
+# The escape `\u0000` (after an even run of backslashes), which jsonb refuses; the text
+# "\\u0000" (an escaped backslash, then "u0000") is ordinary and must land.
+NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
 
 class InvalidRecord(ValueError):
@@ -29,12 +51,17 @@ def parse_timestamp(value: Any, field: str) -> datetime:
     if not isinstance(value, str) or not value:
         raise InvalidRecord(f"{field} is missing or not a string")
     try:
+        if not INSTANT.fullmatch(value):
+            raise ValueError(value)
         moment = datetime.fromisoformat(value)
-    except ValueError:
+        if moment.tzinfo is None:
+            moment = moment.replace(tzinfo=UTC)
+        if abs(moment.utcoffset() or timedelta()) > MAX_OFFSET:
+            raise ValueError(value)
+        # OverflowError: a valid local time whose UTC instant is outside years 1-9999.
+        return moment.astimezone(UTC)
+    except (ValueError, OverflowError):
         raise InvalidRecord(f"{field} {value[:40]!r} is not an ISO-8601 timestamp") from None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    return moment.astimezone(UTC)
 
 
 def payload_text(raw: bytes) -> str:
@@ -43,7 +70,7 @@ def payload_text(raw: bytes) -> str:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise InvalidRecord("document is not valid UTF-8") from None
-    if "\\u0000" in text:
+    if NUL_ESCAPE.search(text):
         raise InvalidRecord("document contains a NUL character (\\u0000), which jsonb rejects")
     return text
 
@@ -54,13 +81,36 @@ def _key(doc: Any, field: str) -> str:
     value = doc.get(field)
     if isinstance(value, bool) or not isinstance(value, str | int) or value in ("", None):
         raise InvalidRecord(f"{field} is missing or not a string/integer")
-    return str(value)
+    key = str(value)
+    if len(key) > MAX_KEY:
+        raise InvalidRecord(f"{field} is longer than {MAX_KEY} characters", key[:MAX_KEY])
+    return key
 
 
-def _integer(doc: dict, field: str, key: str) -> None:
-    value = doc.get(field)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidRecord(f"{field} must be an integer amount in cents, got {value!r:.40}", key)
+def _cents(value: Any, field: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or abs(value) > MAX_CENTS:
+        raise InvalidRecord(f"{field} must be an integer amount in cents, got {value!r:.40}")
+
+
+def _items(items: Any) -> None:
+    """The item fields staging casts (quantity to integer, prices to numeric(18, 2))."""
+    if not isinstance(items, list):
+        raise InvalidRecord("items must be a list")
+    for index, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise InvalidRecord(f"items[{index}] is not an object")
+        quantity = item.get("quantity")
+        if quantity is not None and (
+            isinstance(quantity, bool)
+            or not isinstance(quantity, int)
+            or not 0 <= quantity <= MAX_QUANTITY
+        ):
+            raise InvalidRecord(f"items[{index}].quantity must be a count, got {quantity!r:.40}")
+        for field in ("price", "sellingPrice"):
+            if item.get(field) is not None:
+                _cents(item[field], f"items[{index}].{field}")
+        if abs((item.get("sellingPrice") or 0) * (quantity or 0)) > MAX_CENTS:
+            raise InvalidRecord(f"items[{index}] line total exceeds {MAX_CENTS} cents")
 
 
 def order_row(doc: Any, raw: bytes) -> Row:
@@ -68,9 +118,8 @@ def order_row(doc: Any, raw: bytes) -> Row:
     try:
         change_stamp = parse_timestamp(doc.get("lastChange"), "lastChange")
         creation = parse_timestamp(doc.get("creationDate"), "creationDate")
-        _integer(doc, "value", key)
-        if not isinstance(doc.get("items"), list):
-            raise InvalidRecord("items must be a list")
+        _cents(doc.get("value"), "value")
+        _items(doc.get("items"))
         return (key, change_stamp, creation, payload_text(raw))
     except InvalidRecord as error:
         raise InvalidRecord(str(error), key) from None
@@ -88,6 +137,9 @@ def catalog_row(doc: Any, raw: bytes, key_field: str, seen_at: datetime) -> Row:
 def customer_row(doc: Any) -> Row:
     key = _key(doc, "id")
     try:
+        # Staging casts createdIn too; a malformed one would fail the tenant's dbt build.
+        if doc.get("createdIn") is not None:
+            parse_timestamp(doc["createdIn"], "createdIn")
         return (
             key,
             parse_timestamp(doc.get("updatedIn"), "updatedIn"),

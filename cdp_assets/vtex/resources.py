@@ -38,14 +38,18 @@ class VtexResource(dg.ConfigurableResource):
             os.environ.get("VTEX_COLLECTION_WRITES_PER_SECOND", 2)
         )
 
+    def request_rate(self) -> float:
+        """Requests per second per account: the client's pace, and the operations metrics'
+        request budget."""
+        return self.requests_per_second or float(os.environ.get("VTEX_REQUESTS_PER_SECOND", 80))
+
     def client_for(self, tenant: Tenant) -> VtexClient:
         template = self.base_url_template or os.environ.get("VTEX_BASE_URL_TEMPLATE", VTEX_BASE_URL)
-        rate = self.requests_per_second or float(os.environ.get("VTEX_REQUESTS_PER_SECOND", 80))
         return VtexClient(
             tenant.account_name,
             template.format(account=tenant.account_name, environment=tenant.environment),
             tenant.credentials(),
-            requests_per_second=rate,
+            requests_per_second=self.request_rate(),
             max_workers=self.max_workers,
             timeout_seconds=self.timeout_seconds,
             max_retries=self.max_retries,

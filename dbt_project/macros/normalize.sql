@@ -4,26 +4,39 @@
 -#}
 
 {#-
-    E-mail: trim (any whitespace, tabs too) and lower-case. VTEX Conversation Tracker replaces the buyer's address on
+    E-mail: trim (any whitespace, tabs and Unicode spaces too) and lower-case. VTEX Conversation Tracker replaces the buyer's address on
     orders with an alias:
     - hard mask `<32 hex>@ct.vtex.com.br`: the real address cannot be recovered -> NULL
       (a masked alias is never an identity key: it would link nobody or, worse, strangers);
     - soft mask `real@x.com-<hex>b.ct.vtex.com.br`: the suffix is stripped with a regex
       anchored at the end to recover `real@x.com`. Splitting on '-' instead would cut
-      addresses such as `ana-maria@my-shop.com.br`.
+      addresses such as `ana-maria@my-shop.com.br`. What still ends in ct.vtex.com.br after
+      that (an alias masked twice) is an alias too -> NULL, as the activation step has it.
     Anything that is not shaped like local@domain.tld afterwards is NULL.
 -#}
 {% macro normalize_email(col) -%}
+    {%- set space = whitespace_chars() -%}
     {%- set stripped -%}
         regexp_replace(
-            regexp_replace(lower({{ col }}), '^[[:space:]]+|[[:space:]]+$', '', 'g'),
+            regexp_replace(lower({{ col }}), '^[{{ space }}]+|[{{ space }}]+$', '', 'g'),
             '-[0-9a-f]+b\.ct\.vtex\.com\.br$', ''
         )
     {%- endset -%}
     case
-        when {{ stripped }} ~ '@ct\.vtex\.com\.br$' then null
-        when {{ stripped }} ~ '^[^@[:space:]]+@[^@[:space:]]+\.[^@[:space:]]+$' then {{ stripped }}
+        when {{ stripped }} ~ '[@.]ct\.vtex\.com\.br$' then null
+        when {{ stripped }} ~ '^[^@{{ space }}]+@[^@{{ space }}]+\.[^@{{ space }}]+$' then {{ stripped }}
     end
+{%- endmacro %}
+
+
+{#-
+    Whitespace as the activation step (Python's str.split) knows it, for bracket expressions:
+    POSIX [:space:] alone misses the no-break and other Unicode spaces a copy-pasted address
+    or name often carries ("ana@x.com" + U+00A0 would be another identity key, and its hash
+    would match nobody).
+-#}
+{% macro whitespace_chars() -%}
+    [:space:]\u001c-\u001f\u0085\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000
 {%- endmacro %}
 
 
@@ -90,8 +103,12 @@
     database's ctype: with a UTF-8 ctype (C.UTF-8, pt_BR.UTF-8) they cover non-ASCII text.
 -#}
 {% macro normalize_name(col) -%}
+    {#- Collapse, then trim: trim() alone only strips spaces, so a tab or newline at either
+        end would stay as a space (" ana", not "ana") and change the hash. -#}
     nullif(
-        regexp_replace(trim(regexp_replace(lower({{ col }}), '[[:punct:]]', '', 'g')), '\s+', ' ', 'g'),
+        trim(regexp_replace(
+            regexp_replace(lower({{ col }}), '[[:punct:]]', '', 'g'), '[{{ whitespace_chars() }}]+', ' ', 'g'
+        )),
         ''
     )
 {%- endmacro %}

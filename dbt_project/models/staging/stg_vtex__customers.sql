@@ -13,7 +13,9 @@ select
     payload ->> 'document' as document,
     payload ->> 'documentType' as document_type,
     payload ->> 'phone' as phone_raw,
-    (payload ->> 'isNewsletterOptIn')::boolean as is_newsletter_opt_in,
+    -- A flag that is not a JSON boolean becomes NULL instead of failing the whole view.
+    case when jsonb_typeof(payload -> 'isNewsletterOptIn') = 'boolean'
+        then (payload ->> 'isNewsletterOptIn')::boolean end as is_newsletter_opt_in,
     (payload ->> 'createdIn')::timestamptz as created_at,
     (payload ->> 'updatedIn')::timestamptz as updated_at
 from customers

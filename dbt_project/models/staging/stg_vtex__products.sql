@@ -9,5 +9,7 @@ select
     payload ->> 'Name' as product_name,
     payload ->> 'CategoryId' as category_id,
     payload ->> 'BrandId' as brand_id,
-    (payload ->> 'IsActive')::boolean as is_active
+    -- A flag that is not a JSON boolean becomes NULL instead of failing the whole view.
+    case when jsonb_typeof(payload -> 'IsActive') = 'boolean'
+        then (payload ->> 'IsActive')::boolean end as is_active
 from products

@@ -8,5 +8,7 @@ select
     sku_id,
     payload ->> 'ProductId' as product_id,
     payload ->> 'SkuName' as sku_name,
-    (payload ->> 'IsActive')::boolean as is_active
+    -- A flag that is not a JSON boolean becomes NULL instead of failing the whole view.
+    case when jsonb_typeof(payload -> 'IsActive') = 'boolean'
+        then (payload ->> 'IsActive')::boolean end as is_active
 from skus

@@ -1,0 +1,110 @@
+"""`cdp bench`: every stage of the platform measured on a synthetic workload in the sandboxes.
+
+Stages, in order: the ingestion write path against the old way and the COPY limit; ingestion
+end to end; analytics (dbt and the CLV fit, with `lifetimes` fitting the same data); activation
+(first push and unchanged re-sync per destination); the daily increment from new orders in the
+sandbox to pushed audiences. Results: `<scale>.json`, `<scale>.svg` and `summary.md`.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from cdp_assets.bench.environment import open_bench
+from cdp_assets.bench.pipeline import run_activation, run_analytics, run_increment, run_ingestion
+from cdp_assets.bench.report import consistency_checks, judge_targets, write_report
+from cdp_assets.bench.scales import SCALES, Scale
+from cdp_assets.bench.write_path import describe_connection, run_write_path
+from cdp_assets.lib.database import cdp_home
+
+__all__ = ["SCALES", "run_bench"]
+
+STAGES = (run_write_path, run_ingestion, run_analytics, run_activation, run_increment)
+
+
+def _load_average() -> str:
+    return " / ".join(f"{value:.2f}" for value in os.getloadavg())
+
+
+def _environment(url: str) -> dict[str, Any]:
+    with psycopg.connect(url) as conn:
+        (server_version,) = conn.execute("SHOW server_version").fetchone()
+    return {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "load_average_start": _load_average(),
+        "postgres_version": server_version,
+        "connection": describe_connection(url),
+        "dagster": version("dagster"),
+        "dbt": version("dbt-core"),
+    }
+
+
+def _workload(scale: Scale, stages: dict[str, Any]) -> dict[str, Any]:
+    skus = next(
+        (
+            check["expected"]
+            for check in stages.get("ingestion", {}).get("consistency", [])
+            if check["check"].startswith("SKUs")
+        ),
+        None,
+    )
+    return {
+        "fraction": scale.fraction,
+        "tenants": scale.tenants,
+        "customers": scale.customers,
+        "orders": scale.orders,
+        "products": scale.products,
+        "skus": skus,
+        "meta_members": scale.meta_members,
+        "increment_orders": scale.increment_orders,
+        "write_path_documents": scale.write_path_documents,
+    }
+
+
+def run_bench(
+    scale_name: str,
+    output: Path,
+    echo: Callable[[str], None] = print,
+    keep_database: bool = False,
+    fraction: float = 1.0,
+) -> dict[str, Any]:
+    """Run every stage at a scale (or a fraction of its history) and write the report into
+    `output`; returns the report."""
+    scale = SCALES[scale_name]
+    if fraction != 1.0:
+        scale = scale.reduced(fraction)
+    started_at = datetime.now(UTC)
+    started = time.perf_counter()
+    log_path = cdp_home() / "bench-output.log"
+    echo(f"benchmark at scale {scale.name}; dbt output goes to {log_path}")
+    stages: dict[str, Any] = {}
+    with open_bench(scale, echo, log_path, keep_database) as bench:
+        environment = _environment(bench.url)
+        for run_stage in STAGES:
+            result = run_stage(bench)
+            stages[result.name] = result.as_dict()
+        environment["load_average_end"] = _load_average()
+    report: dict[str, Any] = {
+        "scale": scale.name,
+        "started_at": started_at.isoformat(timespec="seconds"),
+        "wall_seconds": round(time.perf_counter() - started, 1),
+        "environment": environment,
+        "workload": _workload(scale, stages),
+        "stages": stages,
+    }
+    report["targets"] = judge_targets(report)
+    report["consistency"] = consistency_checks(report)
+    for path in write_report(report, output):
+        echo(f"wrote {path}")
+    return report

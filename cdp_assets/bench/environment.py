@@ -1,0 +1,254 @@
+"""The benchmark's world: a throwaway database, a Dagster instance stored in it, the VTEX sandbox
+in its own process, the Meta and Google sandboxes, and the scale's tenants registered.
+
+Runs go through `execute_in_process` on that instance, as `cdp demo` does: the same jobs,
+assets, resources and run storage as production, with the run worker being this process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from importlib.resources import files
+from pathlib import Path
+
+import dagster as dg
+import psycopg
+
+from cdp_assets.bench.scales import Scale, history_end_today
+from cdp_assets.lib.database import database_url, sqlalchemy_url, with_database
+from cdp_assets.lib.warehouse import migrated_url
+from cdp_assets.sandbox import GoogleSandbox, MetaSandbox, SandboxProcess, StoreSpec
+from cdp_assets.sandbox import credentials_for as vtex_credentials
+from cdp_assets.tenants.registry import Tenant, add_tenant
+
+META_TOKEN = "bench-meta-token"  # what the Meta sandbox accepts; not a real secret
+META_TOKEN_REF = "CDP_BENCH_META_TOKEN"
+# Dagster's per-event console lines would drown the benchmark's own progress.
+QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
+_STEP_EVENTS = {
+    dg.DagsterEventType.STEP_START,
+    dg.DagsterEventType.STEP_SUCCESS,
+    dg.DagsterEventType.STEP_FAILURE,
+}
+
+
+class BenchError(RuntimeError):
+    pass
+
+
+@dataclass
+class RunRecord:
+    """One Dagster run: its wall time, the time inside its steps, and numeric metadata."""
+
+    job: str
+    label: str
+    run_id: str
+    seconds: float
+    step_seconds: dict[str, float]
+    metadata: dict[str, dict[str, float]]  # asset key -> numeric materialization metadata
+
+    def total(self, key: str, assets: Sequence[str] | None = None) -> float:
+        return sum(
+            values.get(key, 0)
+            for asset, values in self.metadata.items()
+            if assets is None or asset in assets
+        )
+
+
+def _numeric_metadata(result: dg.ExecuteInProcessResult) -> dict[str, dict[str, float]]:
+    """Numeric metadata per asset. A run over a range of partitions records one
+    materialization per partition, each with the whole run's metadata: the first is kept."""
+    by_asset: dict[str, dict[str, float]] = {}
+    for event in result.get_asset_materialization_events():
+        key = event.asset_key.to_user_string()
+        if key in by_asset:
+            continue
+        by_asset[key] = {
+            name: value.value
+            for name, value in event.materialization.metadata.items()
+            if isinstance(getattr(value, "value", None), int | float)
+            and not isinstance(value.value, bool)
+        }
+    return by_asset
+
+
+@dataclass
+class Runner:
+    """Executes jobs of the platform's code location in this process and records them."""
+
+    instance: dg.DagsterInstance
+    log_path: Path
+    records: list[RunRecord] = field(default_factory=list)
+
+    def run(
+        self,
+        job_name: str,
+        label: str,
+        *,
+        partition_key: str | None = None,
+        tags: dict[str, str] | None = None,
+        asset_selection: Sequence[dg.AssetKey] | None = None,
+    ) -> RunRecord:
+        from cdp_assets.definitions import defs
+
+        started = time.perf_counter()
+        # dbt prints its progress on stdout; the run's events are in Dagster either way.
+        with open(self.log_path, "a") as log, contextlib.redirect_stdout(log):
+            result = defs.resolve_job_def(job_name).execute_in_process(
+                instance=self.instance,
+                run_config=QUIET,
+                raise_on_error=False,
+                partition_key=partition_key,
+                tags=tags,
+                asset_selection=asset_selection,
+            )
+        seconds = time.perf_counter() - started
+        if not result.success:
+            failures = [e.message for e in result.all_events if e.is_failure and e.message]
+            raise BenchError(
+                f"{job_name} ({label}) failed in run {result.run_id}: {' | '.join(failures)[:1500]}"
+            )
+        record = RunRecord(
+            job_name,
+            label,
+            result.run_id,
+            seconds,
+            self._step_seconds(result.run_id),
+            _numeric_metadata(result),
+        )
+        self.records.append(record)
+        return record
+
+    def _step_seconds(self, run_id: str) -> dict[str, float]:
+        started: dict[str, float] = {}
+        seconds: dict[str, float] = {}
+        for entry in self.instance.all_logs(run_id, of_type=_STEP_EVENTS):
+            step = entry.step_key or ""
+            if entry.dagster_event_type == dg.DagsterEventType.STEP_START:
+                started[step] = entry.timestamp
+            elif step in started:
+                seconds[step] = seconds.get(step, 0.0) + entry.timestamp - started.pop(step)
+        return seconds
+
+
+@dataclass
+class Bench:
+    """Everything a stage needs."""
+
+    scale: Scale
+    url: str
+    specs: list[StoreSpec]
+    instance: dg.DagsterInstance
+    runner: Runner
+    sandbox: SandboxProcess
+    meta: MetaSandbox
+    google: GoogleSandbox | None
+    echo: Callable[[str], None]
+    meta_accounts: dict[str, str]  # tenant -> Meta ad account id
+
+    @property
+    def tenant_ids(self) -> list[str]:
+        return [spec.account for spec in self.specs]
+
+    def connect(self) -> psycopg.Connection:
+        return psycopg.connect(self.url)
+
+
+def _instance(home: Path, url: str) -> dg.DagsterInstance:
+    """An instance from the platform's own dagster.yaml, storing runs in the bench database."""
+    template = files("cdp_assets.lib") / "dagster.yaml"
+    with template.open("rb") as source, open(home / "dagster.yaml", "wb") as target:
+        shutil.copyfileobj(source, target)
+    os.environ["DAGSTER_HOME"] = str(home)
+    os.environ["CDP_DAGSTER_PG_URL"] = sqlalchemy_url(url)
+    return dg.DagsterInstance.from_config(str(home))
+
+
+def _register_tenants(conn: psycopg.Connection, specs: Sequence[StoreSpec]) -> None:
+    for priority, spec in enumerate(specs):
+        key_ref, token_ref = (
+            f"VTEX_{spec.account.upper()}_APP_{part}" for part in ("KEY", "TOKEN")
+        )
+        os.environ[key_ref], os.environ[token_ref] = vtex_credentials(spec.account)
+        tenant = Tenant(
+            spec.account,
+            spec.account,
+            key_ref,
+            token_ref,
+            priority=priority,
+            history_start=spec.history_start,
+        )
+        add_tenant(conn, tenant)
+    conn.commit()
+
+
+@contextlib.contextmanager
+def open_bench(
+    scale: Scale, echo: Callable[[str], None], log_path: Path, keep_database: bool = False
+) -> Iterator[Bench]:
+    """Set up the scale's world; on exit stop everything, drop the database (unless kept) and
+    restore this process's environment (the pytest session shares it)."""
+    from cdp_assets.demo import sync_tenant_partitions
+
+    saved_environment = dict(os.environ)
+    server = database_url()
+    name = f"cdp_bench_{scale.name}_{uuid.uuid4().hex[:8]}"
+    url = with_database(server, name)
+    specs = scale.store_specs(history_end_today())
+    try:
+        with contextlib.ExitStack() as stack:
+            migrated_url(url)
+            stack.callback(_drop_database, server, name, keep_database, echo)
+            # Resources, dbt and the run storage all find the warehouse through this variable.
+            os.environ["DATABASE_URL"] = url
+            home = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="cdp-bench-")))
+            instance = stack.enter_context(_instance(home, url))
+            started = time.perf_counter()
+            sandbox = stack.enter_context(SandboxProcess(specs, startup_timeout=900))
+            echo(
+                f"VTEX sandbox: {len(specs)} stores generated and serving on {sandbox.base_url}"
+                f" in {time.perf_counter() - started:.1f} s"
+            )
+            os.environ["VTEX_BASE_URL_TEMPLATE"] = sandbox.base_url + "/{account}"
+            # The sandbox is ours to load; VTEX's own 100/s limit does not apply on loopback.
+            os.environ["VTEX_REQUESTS_PER_SECOND"] = "100000"
+            meta_accounts = {spec.account: str(2_000_000_001 + i) for i, spec in enumerate(specs)}
+            meta = stack.enter_context(MetaSandbox({META_TOKEN: list(meta_accounts.values())}))
+            os.environ["META_GRAPH_URL"] = meta.graph_url
+            os.environ[META_TOKEN_REF] = META_TOKEN
+            google = stack.enter_context(GoogleSandbox()) if scale.google else None
+            if google is not None:
+                os.environ["GOOGLE_SANDBOX_ADDRESS"] = google.address
+            with psycopg.connect(url) as conn:
+                _register_tenants(conn, specs)
+                sync_tenant_partitions(instance, conn)
+            yield Bench(
+                scale,
+                url,
+                specs,
+                instance,
+                Runner(instance, log_path),
+                sandbox,
+                meta,
+                google,
+                echo,
+                meta_accounts,
+            )
+    finally:
+        os.environ.clear()
+        os.environ.update(saved_environment)
+
+
+def _drop_database(server: str, name: str, keep: bool, echo: Callable[[str], None]) -> None:
+    if keep:
+        echo(f"kept database {name}")
+        return
+    with psycopg.connect(with_database(server, "postgres"), autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

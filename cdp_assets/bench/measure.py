@@ -1,0 +1,182 @@
+"""What every stage reports: wall seconds, records per second, peak memory, database size.
+
+Runs execute in this process (`execute_in_process`), so this process's peak RSS during a stage
+is the run's. The kernel's high-water mark (VmHWM) is reset at the start of each stage by
+writing 5 to /proc/self/clear_refs; dbt runs as a child process, whose peak is sampled apart.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import resource
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+_STATUS = Path("/proc/self/status")
+_CLEAR_REFS = Path("/proc/self/clear_refs")
+
+
+def _status_mb(name: str) -> float | None:
+    try:
+        match = re.search(rf"^{name}:\s+(\d+) kB", _STATUS.read_text(), re.MULTILINE)
+    except OSError:
+        return None
+    return int(match.group(1)) / 1024 if match else None
+
+
+def _reset_peak() -> bool:
+    """Reset this process's RSS high-water mark (Linux >= 4.0); False where unsupported."""
+    try:
+        _CLEAR_REFS.write_text("5")
+    except OSError:
+        return False
+    return True
+
+
+def rss_mb() -> float:
+    current = _status_mb("VmRSS")
+    return current if current is not None else peak_rss_mb()
+
+
+def peak_rss_mb() -> float:
+    """VmHWM since the last reset; without /proc, the lifetime peak from getrusage."""
+    peak = _status_mb("VmHWM")
+    if peak is not None:
+        return peak
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+class ChildPeak:
+    """The largest VmHWM of this process's descendants (dbt and its threads' subprocesses),
+    sampled while a stage runs. getrusage(RUSAGE_CHILDREN) cannot serve: a child forked from
+    this process counts this process's pages until it execs. The VTEX sandbox is not a run's
+    child and is left out."""
+
+    def __init__(self, interval: float = 0.25) -> None:
+        self.interval = interval
+        self.peak_mb = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="bench-child-rss", daemon=True)
+
+    def __enter__(self) -> ChildPeak:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.interval):
+            for pid in _descendants(os.getpid()):
+                try:
+                    status = Path(f"/proc/{pid}/status").read_text()
+                    command = Path(f"/proc/{pid}/cmdline").read_bytes()
+                except OSError:  # it exited meanwhile
+                    continue
+                if b"cdp_assets.sandbox" in command:
+                    continue
+                match = re.search(r"^VmHWM:\s+(\d+) kB", status, re.MULTILINE)
+                if match:
+                    self.peak_mb = max(self.peak_mb, int(match.group(1)) / 1024)
+
+
+def _descendants(root: int) -> list[int]:
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # The command name may hold spaces and parentheses: fields follow the last ')'.
+        parents[int(entry.name)] = int(stat[stat.rindex(")") + 2 :].split()[1])
+    found, frontier = [], [root]
+    while frontier:
+        parent = frontier.pop()
+        children = [pid for pid, ppid in parents.items() if ppid == parent]
+        found += children
+        frontier += children
+    return found
+
+
+def database_size_mb(url: str) -> float:
+    with psycopg.connect(url) as conn:
+        (size,) = conn.execute("SELECT pg_database_size(current_database())").fetchone()
+    return size / 2**20
+
+
+@dataclass
+class StageResult:
+    """One stage's measurements; `details` holds what is specific to the stage."""
+
+    name: str
+    wall_seconds: float = 0.0
+    records: int = 0
+    records_label: str = "records"
+    rss_start_mb: float = 0.0
+    peak_rss_mb: float = 0.0
+    peak_rss_exact: bool = True  # False: the lifetime peak, the stage's could not be isolated
+    child_peak_rss_mb: float = 0.0
+    database_size_mb: float = 0.0
+    details: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def records_per_second(self) -> float:
+        return self.records / self.wall_seconds if self.wall_seconds else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "wall_seconds": round(self.wall_seconds, 3),
+            "records": self.records,
+            "records_label": self.records_label,
+            "records_per_second": round(self.records_per_second, 1),
+            "rss_start_mb": round(self.rss_start_mb, 1),
+            "peak_rss_mb": round(self.peak_rss_mb, 1),
+            "peak_rss_exact": self.peak_rss_exact,
+            "child_peak_rss_mb": round(self.child_peak_rss_mb, 1),
+            "database_size_mb": round(self.database_size_mb, 1),
+            **self.details,
+        }
+
+
+@contextmanager
+def stage(name: str, database_url: str) -> Iterator[StageResult]:
+    """Measure the body as one stage; the caller fills in records and details."""
+    result = StageResult(name)
+    result.peak_rss_exact = _reset_peak()
+    result.rss_start_mb = rss_mb()
+    started = time.perf_counter()
+    with ChildPeak() as children:
+        yield result
+    result.wall_seconds = time.perf_counter() - started
+    result.peak_rss_mb = peak_rss_mb()
+    result.child_peak_rss_mb = children.peak_mb
+    result.database_size_mb = database_size_mb(database_url)
+
+
+class Stopwatch:
+    """Wall seconds of named parts of a stage, summed over repeated entries."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def part(self, name: str) -> Iterator[None]:
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - started
+
+    def rounded(self) -> dict[str, float]:
+        return {name: round(value, 3) for name, value in self.seconds.items()}

@@ -1,0 +1,590 @@
+"""Operations metrics: the KPIs of the dashboard the platform replaces, computed from what
+Dagster (run storage, event log) and Postgres already record, each judged against a target
+(missed: warn) and an alert threshold (crossed: error).
+
+| metric | figure | target | alert |
+|---|---|---|---|
+| `sync_success_pct` | succeeded / finished ingestion runs, last 24 h | > 95 | < 90 |
+| `avg_sync_seconds` | per tenant, mean time of its ingestion runs, last 24 h | < 7200 | > 14400 |
+| `step_error_pct` | failed / finished steps of every run, last 24 h | < 5 | > 10 |
+| `api_budget_pct` | per VTEX account, requests ÷ (requests/s × seconds), last hour | < 80 | > 90 |
+| `db_connections` | client connections to the platform's database | < 50 | > 80 |
+
+The figures are pure functions of run, step and API samples (`evaluate`), so tests feed them
+synthetic histories; `collect_history` reads the samples from an instance, and
+`collect_metrics` does both. The `operations_metrics` asset (metrics_defs.py) and `cdp status`
+both report `collect_metrics`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import defaultdict
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta
+from enum import StrEnum
+from typing import Any
+
+import dagster as dg
+import psycopg
+
+from cdp_assets.ops.sync_errors import tenant_from_tags, tenant_of_partition_key
+from cdp_assets.tenants.registry import list_tenants
+
+# The VTEX ingestion assets (group "vtex"): a run that plans any of them is a sync, and their
+# materializations carry the sync's VTEX request counts (`Landing.metadata()`).
+INGESTION_ASSETS = (
+    "vtex_orders",
+    "vtex_products",
+    "vtex_skus",
+    "vtex_customers",
+    "vtex_orders_feed",
+)
+WINDOW = timedelta(hours=24)
+# VTEX limits requests per second: over a whole day even a saturated hour averages out, so
+# the budget is judged over the last hour.
+API_WINDOW = timedelta(hours=1)
+THRESHOLDS_ENV = "CDP_OPS_THRESHOLDS"
+
+
+class Severity(StrEnum):
+    OK = "ok"
+    WARN = "warn"  # the target is missed
+    ERROR = "error"  # the alert threshold is crossed
+
+
+_RANK = {Severity.OK: 0, Severity.WARN: 1, Severity.ERROR: 2}
+
+
+@dataclass(frozen=True)
+class Threshold:
+    target: float
+    alert: float
+    higher_is_better: bool = False
+
+    def judge(self, value: float) -> Severity:
+        if self.higher_is_better:
+            if value < self.alert:
+                return Severity.ERROR
+            return Severity.OK if value > self.target else Severity.WARN
+        if value > self.alert:
+            return Severity.ERROR
+        return Severity.OK if value < self.target else Severity.WARN
+
+    def describe(self) -> str:
+        good, bad = (">", "<") if self.higher_is_better else ("<", ">")
+        return f"target {good} {self.target:g}, alert {bad} {self.alert:g}"
+
+
+# The old dashboard's thresholds, the defaults; $CDP_OPS_THRESHOLDS and the asset's
+# `ops_metrics` resource override them (`load_thresholds`).
+DEFAULT_THRESHOLDS: dict[str, Threshold] = {
+    "sync_success_pct": Threshold(target=95, alert=90, higher_is_better=True),
+    "avg_sync_seconds": Threshold(target=2 * 3600, alert=4 * 3600),
+    "step_error_pct": Threshold(target=5, alert=10),
+    "api_budget_pct": Threshold(target=80, alert=90),
+    "db_connections": Threshold(target=50, alert=80),
+}
+LABELS = {
+    "sync_success_pct": "sync success rate, % of ingestion runs (24 h)",
+    "avg_sync_seconds": "average sync time, seconds",
+    "step_error_pct": "error rate, % of steps failed (24 h)",
+    "api_budget_pct": "VTEX request budget used, % (last hour)",
+    "db_connections": "database connections in use",
+}
+# Metrics judged per subject (each figure alerts on its own); the others are platform-wide.
+SUBJECTS = {"avg_sync_seconds": "tenant", "api_budget_pct": "account"}
+
+
+def load_thresholds(
+    overrides: Mapping[str, Mapping[str, float]] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> dict[str, Threshold]:
+    """DEFAULT_THRESHOLDS, then $CDP_OPS_THRESHOLDS (JSON such as
+    `{"avg_sync_seconds": {"target": 60, "alert": 300}}`), then `overrides` (same shape)."""
+    environ = os.environ if environ is None else environ
+    layers: list[tuple[str, Mapping[str, Any]]] = []
+    if environ.get(THRESHOLDS_ENV):
+        try:
+            layers.append((f"${THRESHOLDS_ENV}", json.loads(environ[THRESHOLDS_ENV])))
+        except json.JSONDecodeError as error:
+            raise ValueError(f"${THRESHOLDS_ENV} is not JSON: {error}") from None
+    if overrides:
+        layers.append(("the ops_metrics resource", overrides))
+    found = dict(DEFAULT_THRESHOLDS)
+    for origin, layer in layers:
+        if not isinstance(layer, Mapping):
+            raise ValueError(f"{origin}: expected an object of metrics")
+        for name, fields in layer.items():
+            if name not in found:
+                raise ValueError(f"{origin}: unknown metric {name!r} (known: {', '.join(found)})")
+            if not isinstance(fields, Mapping) or not set(fields) <= {"target", "alert"}:
+                raise ValueError(f"{origin}: {name} takes only 'target' and 'alert'")
+            found[name] = replace(found[name], **{k: float(v) for k, v in fields.items()})
+    for name, threshold in found.items():
+        inside = (
+            threshold.alert > threshold.target
+            if threshold.higher_is_better
+            else threshold.alert < threshold.target
+        )
+        if inside:
+            raise ValueError(f"{name}: alert {threshold.alert:g} is better than target")
+    return found
+
+
+@dataclass(frozen=True)
+class RunSample:
+    """A run that planned an ingestion asset."""
+
+    run_id: str
+    tenant_id: str | None  # None when the run was not for exactly one tenant
+    status: dg.DagsterRunStatus
+    started_at: datetime | None
+    ended_at: datetime | None
+
+
+@dataclass(frozen=True)
+class StepSample:
+    """A step that finished (succeeded or failed for good: retried attempts are not steps)."""
+
+    run_id: str
+    tenant_id: str | None  # its run's
+    step_key: str
+    failed: bool
+    ended_at: datetime
+
+
+@dataclass(frozen=True)
+class ApiSample:
+    """An ingestion materialization's VTEX requests, from its `api_*` and `seconds` metadata
+    (one per run and asset: a run over several partitions records the same figures on each)."""
+
+    run_id: str
+    asset: str
+    tenant_ids: tuple[str, ...]
+    requests: int
+    throttled: int  # 429 responses
+    seconds: float
+    ended_at: datetime
+
+
+@dataclass(frozen=True)
+class History:
+    runs: tuple[RunSample, ...]
+    steps: tuple[StepSample, ...]
+    api: tuple[ApiSample, ...]
+
+
+@dataclass(frozen=True)
+class Connections:
+    database: int  # client connections to the platform's database: the judged figure
+    server: int
+    max_connections: int
+
+
+@dataclass(frozen=True)
+class ApiUsage:
+    requests: float
+    throttled: float
+    budget_pct: float
+
+
+_FINISHED = (dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE)
+
+
+def _finished_since(run: RunSample, since: datetime) -> bool:
+    return run.status in _FINISHED and run.ended_at is not None and run.ended_at >= since
+
+
+def sync_success_pct(runs: Sequence[RunSample], since: datetime) -> float | None:
+    """Succeeded / finished ingestion runs that ended since `since`, in %; None without any.
+    A canceled run was stopped by someone, not failed by the sync, and is left out."""
+    finished = [r for r in runs if _finished_since(r, since)]
+    if not finished:
+        return None
+    return 100.0 * sum(r.status == dg.DagsterRunStatus.SUCCESS for r in finished) / len(finished)
+
+
+def avg_sync_seconds(runs: Sequence[RunSample], since: datetime, now: datetime) -> dict[str, float]:
+    """Per tenant, the mean time its ingestion runs took from start to end, over runs that
+    ended since `since` (failed ones too: their time was spent syncing) and runs still going,
+    counted with their time so far, so a stuck sync shows before it ends."""
+    durations: dict[str, list[float]] = defaultdict(list)
+    for run in runs:
+        if run.tenant_id is None or run.started_at is None:
+            continue
+        if _finished_since(run, since):
+            end = run.ended_at
+        elif run.status == dg.DagsterRunStatus.STARTED:
+            end = now
+        else:
+            continue
+        durations[run.tenant_id].append((end - run.started_at).total_seconds())
+    return {tenant: sum(d) / len(d) for tenant, d in sorted(durations.items())}
+
+
+def step_error_pct(steps: Sequence[StepSample], since: datetime) -> float | None:
+    """Failed / finished steps since `since`, in %; None without any."""
+    finished = [s for s in steps if s.ended_at >= since]
+    if not finished:
+        return None
+    return 100.0 * sum(s.failed for s in finished) / len(finished)
+
+
+def api_usage(
+    samples: Sequence[ApiSample],
+    account_of: Mapping[str, str],
+    requests_per_second: float,
+    since: datetime,
+    now: datetime,
+) -> dict[str, ApiUsage]:
+    """Per VTEX account, requests in [since, now] ÷ (requests_per_second × the window's
+    seconds), in %, and the 429s among them. A materialization's requests are spread evenly
+    over the `seconds` before it was recorded, so a sync straddling the window's start counts
+    its share only; a run over tenants of several accounts is split evenly between them."""
+    window = (now - since).total_seconds()
+    requests: dict[str, float] = defaultdict(float)
+    throttled: dict[str, float] = defaultdict(float)
+    for sample in samples:
+        if not since <= sample.ended_at <= now:
+            continue
+        if sample.seconds > 0:
+            began = sample.ended_at - timedelta(seconds=sample.seconds)
+            share = (sample.ended_at - max(began, since)).total_seconds() / sample.seconds
+        else:
+            share = 1.0
+        accounts = sorted({account_of[t] for t in sample.tenant_ids if t in account_of})
+        for account in accounts:
+            requests[account] += sample.requests * share / len(accounts)
+            throttled[account] += sample.throttled * share / len(accounts)
+    return {
+        account: ApiUsage(
+            requests=requests[account],
+            throttled=throttled[account],
+            budget_pct=100.0 * requests[account] / (requests_per_second * window),
+        )
+        for account in sorted(requests)
+    }
+
+
+@dataclass(frozen=True)
+class Figure:
+    metric: str
+    subject: str  # the tenant or account; '' for platform-wide metrics
+    value: float
+    severity: Severity
+
+    @property
+    def key(self) -> str:
+        """Its metadata key: one plot per metric, and per tenant or account."""
+        return f"{self.metric}/{self.subject}" if self.subject else self.metric
+
+
+@dataclass(frozen=True)
+class MetricsReport:
+    checked_at: datetime
+    thresholds: Mapping[str, Threshold]
+    # One per metric and subject with data: no runs in the window judge nothing.
+    figures: tuple[Figure, ...]
+    # What the figures are made of (run and step counts, requests and 429s per account).
+    counts: Mapping[str, float]
+
+    def of(self, metric: str) -> list[Figure]:
+        return [f for f in self.figures if f.metric == metric]
+
+    def worst(self, metric: str) -> Figure | None:
+        figures = self.of(metric)
+        if not figures:
+            return None
+        if self.thresholds[metric].higher_is_better:
+            return min(figures, key=lambda f: (-_RANK[f.severity], f.value))
+        return max(figures, key=lambda f: (_RANK[f.severity], f.value))
+
+    @property
+    def alerting(self) -> list[Figure]:
+        return [f for f in self.figures if f.severity == Severity.ERROR]
+
+
+def evaluate(
+    history: History,
+    connections: Connections,
+    thresholds: Mapping[str, Threshold],
+    account_of: Mapping[str, str],
+    requests_per_second: float,
+    now: datetime,
+    tenant_ids: Collection[str] | None = None,
+) -> MetricsReport:
+    """The figures and their severities. With `tenant_ids`, runs and steps of those tenants
+    only, and the accounts they use (an account's budget is shared by all its tenants)."""
+    since = now - WINDOW
+    runs, steps, api = history.runs, history.steps, history.api
+    accounts: Collection[str] | None = None
+    if tenant_ids is not None:
+        runs = tuple(r for r in runs if r.tenant_id in tenant_ids)
+        steps = tuple(s for s in steps if s.tenant_id in tenant_ids)
+        accounts = {account_of[t] for t in tenant_ids if t in account_of}
+
+    values: list[tuple[str, str, float]] = []
+    success = sync_success_pct(runs, since)
+    if success is not None:
+        values.append(("sync_success_pct", "", success))
+    values.extend(("avg_sync_seconds", t, s) for t, s in avg_sync_seconds(runs, since, now).items())
+    errors = step_error_pct(steps, since)
+    if errors is not None:
+        values.append(("step_error_pct", "", errors))
+    usage = api_usage(api, account_of, requests_per_second, now - API_WINDOW, now)
+    usage = {a: u for a, u in usage.items() if accounts is None or a in accounts}
+    values.extend(("api_budget_pct", a, u.budget_pct) for a, u in usage.items())
+    values.append(("db_connections", "", float(connections.database)))
+
+    finished = [r for r in runs if _finished_since(r, since)]
+    counted = [s for s in steps if s.ended_at >= since]
+    counts: dict[str, float] = {
+        "ingestion_runs": len(finished),
+        "ingestion_runs_failed": sum(r.status == dg.DagsterRunStatus.FAILURE for r in finished),
+        "steps": len(counted),
+        "steps_failed": sum(s.failed for s in counted),
+        "db_connections_server": connections.server,
+        "db_max_connections": connections.max_connections,
+    }
+    for account, used in usage.items():
+        counts[f"api_requests/{account}"] = round(used.requests, 1)
+        counts[f"api_429_responses/{account}"] = round(used.throttled, 1)
+    return MetricsReport(
+        checked_at=now,
+        thresholds=thresholds,
+        figures=tuple(
+            Figure(metric, subject, value, thresholds[metric].judge(value))
+            for metric, subject, value in values
+        ),
+        counts=counts,
+    )
+
+
+# Event ids follow the order events were written; writers' clocks may differ a little, so a
+# newest-first scan reads this far past its start before it stops.
+_CLOCK_SLACK = 60.0
+_PAGE = 500
+
+
+def _newest_first(
+    fetch: Callable[[int | None], Sequence[dg.EventLogRecord]], since: float
+) -> Iterator[dg.EventLogRecord]:
+    """Records at or after `since`, paging back from the newest: the event log's indexes are
+    by type (or asset) and id, not time, so a time filter alone would read its whole history."""
+    before = None
+    while True:
+        page = fetch(before)
+        yield from (r for r in page if r.timestamp >= since)
+        if len(page) < _PAGE or page[-1].timestamp < since - _CLOCK_SLACK:
+            return
+        before = page[-1].storage_id
+
+
+def _events(
+    instance: dg.DagsterInstance,
+    event_type: dg.DagsterEventType,
+    since: float,
+    asset_key: dg.AssetKey | None = None,
+) -> Iterator[dg.EventLogRecord]:
+    storage = instance.event_log_storage
+    return _newest_first(
+        lambda before: storage.get_event_records(
+            dg.EventRecordsFilter(event_type, asset_key=asset_key, before_cursor=before),
+            limit=_PAGE,
+            ascending=False,
+        ),
+        since,
+    )
+
+
+def _materializations(
+    instance: dg.DagsterInstance, key: dg.AssetKey, since: float
+) -> Iterator[dg.EventLogRecord]:
+    return _newest_first(
+        lambda before: (
+            instance.fetch_materializations(
+                dg.AssetRecordsFilter(asset_key=key, before_storage_id=before), limit=_PAGE
+            ).records
+        ),
+        since,
+    )
+
+
+def _moment(timestamp: float | None) -> datetime | None:
+    return datetime.fromtimestamp(timestamp, UTC) if timestamp is not None else None
+
+
+def _number(metadata: Mapping[str, dg.MetadataValue], key: str) -> float:
+    value = metadata.get(key)
+    return float(value.value) if value is not None else 0.0
+
+
+def collect_history(instance: dg.DagsterInstance, now: datetime) -> History:
+    """Ingestion runs and steps that ended in the last WINDOW (or are still going), and the
+    ingestion materializations of the last API_WINDOW, from the instance."""
+    since = now - WINDOW
+    records = {
+        r.dagster_run.run_id: r
+        for r in instance.get_run_records(dg.RunsFilter(updated_after=since))
+    }
+    # A run still going since before the window was last updated when it started.
+    for record in instance.get_run_records(dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED])):
+        records.setdefault(record.dagster_run.run_id, record)
+
+    # Ingestion runs are those that planned an ingestion asset, which is recorded when the
+    # run is created: scheduled runs of an asset job carry no asset selection to tell by.
+    ingestion: set[str] = set()
+    if records:
+        created = min(r.create_timestamp for r in records.values()).timestamp()
+        for name in INGESTION_ASSETS:
+            planned = _events(
+                instance,
+                dg.DagsterEventType.ASSET_MATERIALIZATION_PLANNED,
+                created - _CLOCK_SLACK,
+                dg.AssetKey(name),
+            )
+            ingestion.update(r.run_id for r in planned if r.run_id in records)
+    runs = tuple(
+        RunSample(
+            run_id=run_id,
+            tenant_id=tenant_from_tags(records[run_id].dagster_run.tags),
+            status=records[run_id].dagster_run.status,
+            started_at=_moment(records[run_id].start_time),
+            ended_at=_moment(records[run_id].end_time),
+        )
+        for run_id in sorted(ingestion)
+    )
+
+    steps = []
+    for event_type in (dg.DagsterEventType.STEP_SUCCESS, dg.DagsterEventType.STEP_FAILURE):
+        for event in _events(instance, event_type, since.timestamp()):
+            run = records.get(event.run_id)
+            steps.append(
+                StepSample(
+                    run_id=event.run_id,
+                    tenant_id=tenant_from_tags(run.dagster_run.tags) if run else None,
+                    step_key=event.event_log_entry.step_key or "",
+                    failed=event_type == dg.DagsterEventType.STEP_FAILURE,
+                    ended_at=datetime.fromtimestamp(event.timestamp, UTC),
+                )
+            )
+
+    api = []
+    for name in INGESTION_ASSETS:
+        by_run: dict[str | int, list[dg.EventLogRecord]] = defaultdict(list)
+        for event in _materializations(instance, dg.AssetKey(name), (now - API_WINDOW).timestamp()):
+            # Runless reports (no run id) each stand alone.
+            by_run[event.run_id or event.storage_id].append(event)
+        for events in by_run.values():
+            latest = max(events, key=lambda e: e.storage_id)
+            metadata = latest.asset_materialization.metadata
+            if "api_requests" not in metadata:
+                continue
+            tenants = {tenant_of_partition_key(e.partition_key or "") for e in events}
+            api.append(
+                ApiSample(
+                    run_id=latest.run_id,
+                    asset=name,
+                    tenant_ids=tuple(sorted(t for t in tenants if t)),
+                    requests=int(_number(metadata, "api_requests")),
+                    throttled=int(_number(metadata, "api_429_responses")),
+                    seconds=_number(metadata, "seconds"),
+                    ended_at=datetime.fromtimestamp(latest.timestamp, UTC),
+                )
+            )
+    return History(runs=runs, steps=tuple(steps), api=tuple(api))
+
+
+def count_connections(conn: psycopg.Connection) -> Connections:
+    """Client connections (idle ones hold a slot too) to this database and to the server."""
+    # Within a transaction pg_stat_activity answers from a snapshot taken at its first read.
+    conn.execute("SELECT pg_stat_clear_snapshot()")
+    database, server, limit = conn.execute(
+        "SELECT count(*) FILTER (WHERE datname = current_database()), count(*),"
+        " current_setting('max_connections')::int"
+        " FROM pg_stat_activity WHERE backend_type = 'client backend'"
+    ).fetchone()
+    return Connections(database=database, server=server, max_connections=limit)
+
+
+def collect_metrics(
+    instance: dg.DagsterInstance,
+    conn: psycopg.Connection,
+    *,
+    thresholds: Mapping[str, Threshold] | None = None,
+    requests_per_second: float,
+    tenant_ids: Collection[str] | None = None,
+    now: datetime | None = None,
+) -> MetricsReport:
+    """The metrics now (thresholds: `load_thresholds()` unless given)."""
+    now = now or datetime.now(UTC)
+    account_of = {t.tenant_id: t.account_name for t in list_tenants(conn)}
+    return evaluate(
+        collect_history(instance, now),
+        count_connections(conn),
+        load_thresholds() if thresholds is None else thresholds,
+        account_of,
+        requests_per_second,
+        now,
+        tenant_ids,
+    )
+
+
+def check_description(report: MetricsReport, metric: str) -> str:
+    worst = report.worst(metric)
+    threshold = report.thresholds[metric].describe()
+    if worst is None:
+        return f"{LABELS[metric]}: no data ({threshold})"
+    where = f" ({SUBJECTS[metric]} {worst.subject})" if worst.subject else ""
+    return f"{LABELS[metric]}: {worst.value:.1f}{where}, {worst.severity}; {threshold}"
+
+
+def render_metrics(report: MetricsReport) -> str:
+    """Lines for `cdp status`: each figure against its thresholds, and what is alerting."""
+    counts = report.counts
+    lines = [
+        f"metrics: {counts['ingestion_runs']:g} ingestion runs ({counts['ingestion_runs_failed']:g}"
+        f" failed) and {counts['steps']:g} steps ({counts['steps_failed']:g} failed) in 24 h"
+    ]
+    for metric, threshold in report.thresholds.items():
+        for figure in report.of(metric) or [None]:
+            if figure is None:
+                lines.append(f"  {metric:<40}{'-':>10}  {'no data':<9}{threshold.describe()}")
+                continue
+            name = f"{metric} {figure.subject}".rstrip()
+            extra = ""
+            if metric == "api_budget_pct":
+                extra = f"; {counts[f'api_429_responses/{figure.subject}']:g} HTTP 429"
+            lines.append(
+                f"  {name:<40}{figure.value:>10.1f}  {figure.severity:<9}{threshold.describe()}"
+                f"{extra}"
+            )
+    alerting = report.alerting
+    if alerting:
+        listed = ", ".join(f.key for f in alerting)
+        lines.append(f"{len(alerting)} past the alert threshold: {listed}")
+    return "\n".join(lines)
+
+
+def metrics_json(report: MetricsReport) -> dict[str, Any]:
+    return {
+        "checked_at": report.checked_at.isoformat(),
+        "alerting": bool(report.alerting),
+        "thresholds": {
+            name: {"target": t.target, "alert": t.alert, "higher_is_better": t.higher_is_better}
+            for name, t in report.thresholds.items()
+        },
+        "figures": [
+            {
+                "metric": f.metric,
+                "subject": f.subject or None,
+                "value": f.value,
+                "severity": str(f.severity),
+            }
+            for f in report.figures
+        ],
+        "counts": dict(report.counts),
+    }

@@ -1,0 +1,131 @@
+"""The operations metrics in Dagster: an asset materialized every 15 minutes whose numeric
+metadata plots each metric over time (per tenant or account where it applies), with one asset
+check per metric (warn: target missed, error: alert threshold crossed), and an alert on the
+webhook when a figure crosses its alert threshold."""
+
+import os
+
+import dagster as dg
+
+from cdp_assets.lib.warehouse import WarehouseResource
+from cdp_assets.ops.alerts import WEBHOOK_ENV
+from cdp_assets.ops.metric_alerts import alert_on_crossings
+from cdp_assets.ops.metrics import (
+    DEFAULT_THRESHOLDS,
+    LABELS,
+    THRESHOLDS_ENV,
+    MetricsReport,
+    Severity,
+    Threshold,
+    check_description,
+    collect_metrics,
+    load_thresholds,
+)
+from cdp_assets.vtex.resources import VtexResource
+
+ASSET = "operations_metrics"
+
+
+class OpsMetricsResource(dg.ConfigurableResource):
+    """Thresholds of the operations metrics: the defaults (ops/metrics.py), then
+    $CDP_OPS_THRESHOLDS, then `thresholds` here, e.g. `{"avg_sync_seconds": {"alert": 600}}`.
+    `cdp status` reads only the first two."""
+
+    thresholds: dict[str, dict[str, float]] = {}
+
+    def in_force(self) -> dict[str, Threshold]:
+        return load_thresholds(self.thresholds)
+
+
+def metrics_metadata(report: MetricsReport) -> dict[str, float]:
+    """One number per metric (and tenant or account), plus what they are made of."""
+    return {
+        **{figure.key: round(figure.value, 3) for figure in report.figures},
+        **report.counts,
+    }
+
+
+def metric_check_results(report: MetricsReport) -> list[dg.AssetCheckResult]:
+    """Each metric's worst figure: passed when on target, else WARN, or ERROR past the alert."""
+    results = []
+    for metric, threshold in report.thresholds.items():
+        worst = report.worst(metric)
+        severity = worst.severity if worst else Severity.OK
+        metadata = {"target": threshold.target, "alert": threshold.alert}
+        if worst is not None:
+            metadata["value"] = worst.value
+            if worst.subject:
+                metadata["subject"] = worst.subject
+        results.append(
+            dg.AssetCheckResult(
+                asset_key=ASSET,
+                check_name=metric,
+                passed=severity == Severity.OK,
+                severity=(
+                    dg.AssetCheckSeverity.ERROR
+                    if severity == Severity.ERROR
+                    else dg.AssetCheckSeverity.WARN
+                ),
+                description=check_description(report, metric),
+                metadata=metadata,
+            )
+        )
+    return results
+
+
+@dg.asset(
+    name=ASSET,
+    group_name="operations",
+    kinds={"python", "postgres"},
+    check_specs=[
+        dg.AssetCheckSpec(name, asset=ASSET, description=LABELS[name])
+        for name in DEFAULT_THRESHOLDS
+    ],
+)
+def operations_metrics(
+    context: dg.AssetExecutionContext,
+    warehouse: WarehouseResource,
+    vtex: VtexResource,
+    ops_metrics: OpsMetricsResource,
+) -> dg.MaterializeResult:
+    """The old operations dashboard's KPIs, from Dagster's run storage and event log and from
+    Postgres: sync success rate, average sync time per tenant, step error rate, VTEX request
+    budget used per account (and its 429s), database connections. Each check warns when its
+    metric misses the target and errors past the alert threshold, which is also posted once
+    to $CDP_ALERT_WEBHOOK_URL. Thresholds: `ops_metrics` resource or $CDP_OPS_THRESHOLDS."""
+    with warehouse.connect() as conn:
+        report = collect_metrics(
+            context.instance,
+            conn,
+            thresholds=ops_metrics.in_force(),
+            requests_per_second=vtex.request_rate(),
+        )
+        # End the reads' transaction, so the states below commit (and unlock) right after
+        # their posts rather than when this connection closes.
+        conn.commit()
+        for crossing in alert_on_crossings(conn, report, os.environ.get(WEBHOOK_ENV), context.log):
+            figure = crossing.figure
+            if crossing.recovered:
+                context.log.info(f"{figure.key} = {figure.value:.1f}: recovered")
+            else:
+                context.log.warning(f"{figure.key} = {figure.value:.1f}: past its alert threshold")
+    return dg.MaterializeResult(
+        metadata=metrics_metadata(report), check_results=metric_check_results(report)
+    )
+
+
+operations_metrics_job = dg.define_asset_job(
+    "operations_metrics_job",
+    selection=[operations_metrics],
+    description="Materialize the operations metrics and run their checks.",
+)
+
+# Running by default: the metrics only read, and a stopped schedule would leave the plots and
+# the alerts silent.
+operations_metrics_schedule = dg.ScheduleDefinition(
+    name="operations_metrics_every_15_minutes",
+    job=operations_metrics_job,
+    cron_schedule="*/15 * * * *",
+    default_status=dg.DefaultScheduleStatus.RUNNING,
+    description=f"Operations metrics and their checks (thresholds: ${THRESHOLDS_ENV}).",
+)

@@ -1,0 +1,111 @@
+"""`cdp bench --scale small` end to end: the report's shape and that its counts agree.
+
+A smoke test of the benchmark suite, not of speed: no timing is asserted, only that every
+stage ran through the platform's jobs, measured what it should and that the records add up
+(orders landed == orders in the sandbox, members pushed == members the platforms hold).
+"""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from cdp_assets.bench import SCALES, run_bench
+
+# About two minutes on an idle 2-core machine; the first test also pays for the module's run.
+pytestmark = pytest.mark.timeout(900)
+
+STAGES = ("write_path", "ingestion", "analytics", "activation", "increment")
+SMALL = SCALES["small"]
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
+    folder = tmp_path_factory.mktemp("bench")
+    return run_bench("small", folder, echo=lambda _: None), folder
+
+
+def test_every_stage_reports_time_rate_memory_and_size(small):
+    report, _ = small
+    assert tuple(report["stages"]) == STAGES
+    for name, stage in report["stages"].items():
+        assert stage["wall_seconds"] > 0, name
+        assert stage["records"] > 0, name
+        assert stage["records_per_second"] > 0, name
+        assert stage["peak_rss_mb"] > 0 and stage["peak_rss_exact"], name
+        assert stage["database_size_mb"] > 0, name
+    assert report["environment"]["cpus"] and report["environment"]["postgres_version"]
+    assert report["workload"]["tenants"] == SMALL.tenants
+
+
+def test_counts_agree_with_the_sandbox(small):
+    report, _ = small
+    checks = report["consistency"]
+    assert {c["stage"] for c in checks} == {"ingestion", "analytics", "activation", "increment"}
+    assert [c for c in checks if not c["ok"]] == []
+    stages = report["stages"]
+    assert stages["ingestion"]["records_received"]["vtex_orders"] == SMALL.orders
+    assert stages["ingestion"]["records_received"]["vtex_customers"] == SMALL.customers
+    plan = SMALL.increment()
+    assert stages["increment"]["new_orders"] == sum(new for new, _ in plan)
+    assert stages["increment"]["orders_inserted"] == stages["increment"]["new_orders"]
+
+
+def test_write_path_compares_three_methods_on_the_same_documents(small):
+    write = small[0]["stages"]["write_path"]
+    assert set(write["methods"]) == {"ours", "row_by_row", "copy"}
+    for method in write["methods"].values():
+        assert method["rows"] == SMALL.write_path_documents
+    assert write["ours_vs_copy"] > 0 and write["ours_vs_row_by_row"] > 0
+
+
+def test_sandbox_rate_and_run_breakdown_are_reported(small):
+    stages = small[0]["stages"]
+    ingestion = stages["ingestion"]
+    assert ingestion["sandbox"]["requests"] > SMALL.orders  # a Get order each, plus lists
+    assert [c["client_threads"] for c in ingestion["sandbox_ceiling"]] == [1, 8]
+    assert {"vtex_orders", "vtex_products", "vtex_skus", "vtex_customers"} <= set(
+        ingestion["step_seconds"]
+    )
+    assert ingestion["runs"] == 2 * SMALL.tenants
+    assert {"dbt_tenant_models", "customer_predictions", "dbt_tenant_scoring"} <= set(
+        stages["analytics"]["step_seconds"]
+    )
+
+
+def test_clv_fit_is_compared_with_lifetimes_on_each_tenant(small):
+    clv = small[0]["stages"]["analytics"]["clv_vs_lifetimes"]
+    assert len(clv["tenants"]) == SMALL.tenants
+    assert clv["tenants_compared"] + len(clv["tenants_skipped"]) == SMALL.tenants
+    for row in clv["tenants"]:
+        if "lifetimes" in row and "params" in row["lifetimes"]:
+            assert set(row["ours"]["params"]) == set(row["lifetimes"]["params"])
+
+
+def test_activation_pushes_then_resyncs_unchanged(small):
+    destinations = small[0]["stages"]["activation"]["destinations"]
+    assert set(destinations) == {"meta", "google_data_manager"}
+    for pushes in destinations.values():
+        assert pushes["first_push"]["added"] > 0
+        assert pushes["unchanged_resync"]["unchanged"] == pushes["first_push"]["added"]
+
+
+def test_targets_are_judged_and_seed_targets_marked_not_applicable(small):
+    targets = {row["target"]: row for row in small[0]["targets"]}
+    assert len(targets) == 8
+    assert not targets["Daily increment end to end"]["applies"]
+    assert targets["Daily increment end to end"]["met"] is None
+    assert targets["Write path vs plain COPY"]["met"] in (True, False)
+    assert targets["Peak RSS of the run process"]["met"] in (True, False)
+
+
+def test_json_markdown_and_chart_are_written(small):
+    report, folder = small
+    assert json.loads((folder / "small.json").read_text())["scale"] == "small"
+    ET.fromstring((folder / "small.svg").read_text())  # well-formed SVG
+    summary = (folder / "summary.md").read_text()
+    assert "## small" in summary and "small.svg" in summary
+    assert "MISSED" in summary or "met" in summary
