@@ -22,6 +22,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
@@ -36,6 +37,7 @@ from support import TABLES, register
 
 from cdp_assets.analytics.dbt_project import ensure_manifest
 from cdp_assets.lib.dagster_home import apply_pool_limits, prepare_dagster_home
+from cdp_assets.lib.database import sqlalchemy_url, with_database
 from cdp_assets.partitions import RANGE_END_TAG, RANGE_START_TAG, tenants
 from cdp_assets.sandbox import SandboxProcess, StoreSpec
 from cdp_assets.vtex.jobs import TENANT_SYNC_JOB
@@ -497,6 +499,11 @@ def _keep_for_diagnosis(home: Path, logs: dict[str, Path], sandbox_log: str) -> 
     return target
 
 
+def _drop_database(server: str, name: str) -> None:
+    with psycopg.connect(server, autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
 @pytest.fixture(scope="module")
 def ui(warehouse_url: str, tmp_path_factory: pytest.TempPathFactory, request) -> Iterator[Ui]:
     started = time.monotonic()
@@ -518,6 +525,16 @@ def ui(warehouse_url: str, tmp_path_factory: pytest.TempPathFactory, request) ->
             env.setenv("DAGSTER_HOME", str(home))
             env.setenv("CDP_DAGSTER_PG_URL", "")  # restored after; set by prepare_dagster_home
             prepare_dagster_home(warehouse_url)
+            # Dagster's storage in a database of its own: runs other tests left unfinished in
+            # the session's (SIGKILLed workers, queued runs) would hold the queue's slots.
+            storage_db = f"cdp_ui_{uuid.uuid4().hex[:8]}"
+            server = with_database(warehouse_url, "postgres")
+            with psycopg.connect(server, autocommit=True) as admin:
+                admin.execute(f'CREATE DATABASE "{storage_db}"')
+            stack.callback(_drop_database, server, storage_db)
+            env.setenv(
+                "CDP_DAGSTER_PG_URL", sqlalchemy_url(with_database(warehouse_url, storage_db))
+            )
             env.setenv("VTEX_BASE_URL_TEMPLATE", sandbox.base_url + "/{account}")
             env.setenv("VTEX_REQUESTS_PER_SECOND", "5000")
             # Here, before any server starts: creating Dagster's tables and parsing dbt's
