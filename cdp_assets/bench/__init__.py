@@ -89,22 +89,33 @@ def run_bench(
     log_path = cdp_home() / "bench-output.log"
     echo(f"benchmark at scale {scale.name}; dbt output goes to {log_path}")
     stages: dict[str, Any] = {}
-    with open_bench(scale, echo, log_path, keep_database) as bench:
-        environment = _environment(bench.url)
-        for run_stage in STAGES:
-            result = run_stage(bench)
-            stages[result.name] = result.as_dict()
+    environment: dict[str, Any] = {}
+    error = None
+    try:
+        with open_bench(scale, echo, log_path, keep_database) as bench:
+            environment.update(_environment(bench.url))
+            for run_stage in STAGES:
+                result = run_stage(bench)
+                stages[result.name] = result.as_dict()
+    except BaseException as failure:
+        # A long run that fails late still reports the stages it measured.
+        error = f"{type(failure).__name__}: {failure}"
+        raise
+    finally:
         environment["load_average_end"] = _load_average()
-    report: dict[str, Any] = {
-        "scale": scale.name,
-        "started_at": started_at.isoformat(timespec="seconds"),
-        "wall_seconds": round(time.perf_counter() - started, 1),
-        "environment": environment,
-        "workload": _workload(scale, stages),
-        "stages": stages,
-    }
-    report["targets"] = judge_targets(report)
-    report["consistency"] = consistency_checks(report)
-    for path in write_report(report, output):
-        echo(f"wrote {path}")
+        report: dict[str, Any] = {
+            "scale": scale.name,
+            "started_at": started_at.isoformat(timespec="seconds"),
+            "wall_seconds": round(time.perf_counter() - started, 1),
+            "environment": environment,
+            "workload": _workload(scale, stages),
+            "stages": stages,
+        }
+        if error is not None:
+            report["error"] = error[:2000]
+        report["targets"] = judge_targets(report)
+        report["consistency"] = consistency_checks(report)
+        if stages:
+            for path in write_report(report, output, suffix="" if error is None else ".failed"):
+                echo(f"wrote {path}")
     return report
