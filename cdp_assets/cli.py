@@ -58,7 +58,7 @@ def demo() -> None:
     type=click.Choice(["small", "seed", "large"]),
     default="small",
     show_default=True,
-    help="small: 3 tenants, 15k orders (CI smoke test); seed: the old system's load, 41"
+    help="small: 2 tenants, 12k orders (CI smoke test); seed: the old system's load, 41"
     " tenants, 1M orders; large: 1M customers, 5M orders.",
 )
 @click.option(

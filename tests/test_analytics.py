@@ -32,6 +32,7 @@ from cdp_assets.analytics.dbt_project import dbt_resource
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.meta.assets import meta_custom_audiences
 from cdp_assets.meta.resources import MetaResource
+from cdp_assets.partitions import RANGE_END_TAG, RANGE_START_TAG
 from cdp_assets.sandbox import MetaSandbox, SandboxProcess, StoreSpec, credentials_for
 from cdp_assets.vtex.assets import vtex_product_collections
 from cdp_assets.vtex.collection_rules import collection_skus
@@ -123,6 +124,8 @@ def test_customers_and_segments_per_tenant(analytics, conn):
     assert tiny_segmented == 0
     meta = materialization(analytics["an_big"], "rfm_segments")
     assert sum(v for k, v in meta.items() if k.startswith("segment_size/")) == big_customers
+    largest = max(segments, key=segments.get)
+    assert f"{largest} " in meta["segment_chart"] and "█" in meta["segment_chart"]
 
 
 def test_the_fit_where_data_allows_and_the_fallback_where_not(analytics, conn):
@@ -202,6 +205,45 @@ def test_refreshing_one_tenant_leaves_the_others_untouched(analytics, conn, inst
     before = fingerprint()
     refresh_tenant(instance, "an_tiny")
     assert fingerprint() == before
+
+
+def test_one_run_over_several_tenants_matches_their_own_runs(analytics, conn, instance):
+    """A backfill of many tenants runs as one run (single-run policy) with one dbt build for
+    all of them; each tenant comes out as its own run left it, the others are untouched."""
+    fingerprint_sql = (
+        "SELECT tenant_id, md5(string_agg(s::text, '' ORDER BY customer_key))"
+        " FROM (SELECT r.*, p.p_alive, p.clv_1y, c.churn_band FROM marts.rfm_segments r"
+        "       JOIN analytics_python.customer_predictions p USING (tenant_id, customer_key)"
+        "       JOIN marts.churn_risk c USING (tenant_id, customer_key)) s"
+        " GROUP BY 1 ORDER BY 1"
+    )
+    customers_sql = "SELECT tenant_id, count(*) FROM marts.customers GROUP BY 1 ORDER BY 1"
+    before = conn.execute(fingerprint_sql).fetchall(), conn.execute(customers_sql).fetchall()
+    assert {t for t, _ in before[1]} >= {"an_big", "an_tiny"}
+    result = dg.materialize(
+        [dbt_tenant_models, customer_predictions, dbt_tenant_scoring],
+        instance=instance,
+        resources=resources(),
+        tags={RANGE_START_TAG: "an_big", RANGE_END_TAG: "an_tiny"},
+    )
+    assert result.success
+    conn.commit()  # a fresh snapshot
+    assert (conn.execute(fingerprint_sql).fetchall(), conn.execute(customers_sql).fetchall()) == (
+        before
+    )
+    steps = {e.step_key for e in result.all_events if e.event_type_value == "STEP_SUCCESS"}
+    assert steps == {"dbt_tenant_models", "customer_predictions", "dbt_tenant_scoring"}
+    for asset in ("rfm_segments", "customer_predictions", "churn_risk"):
+        partitions = {
+            e.partition
+            for e in result.get_asset_materialization_events()
+            if e.asset_key == dg.AssetKey(asset)
+        }
+        assert partitions == {"an_big", "an_tiny"}, asset
+    fits = materialization(result, "customer_predictions")
+    assert fits["tenants_in_run"] == 2
+    assert "| an_big |" in fits["tenants"] and "| an_tiny |" in fits["tenants"]
+    assert "| an_big | Champions |" in materialization(result, "rfm_segments")["segments"]
 
 
 def test_churn_bands_rank_the_holdout_repurchase_rate(analytics, conn, instance, warehouse_url):

@@ -95,7 +95,7 @@ def activate(
         for target in destination_audiences(conn, tenant_id, platforms)
         if not config.destinations or target.destination.destination_id in config.destinations
     ]
-    options = SyncOptions(config.dry_run, config.full_replace, config.force, context.run_id)
+    options = SyncOptions(config.dry_run, config.full_replace, config.force, context.run.run_id)
     outcomes: list[SyncOutcome] = []
     clients: dict[str, Platform] = {}
     for target in targets:

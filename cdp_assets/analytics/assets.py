@@ -2,10 +2,12 @@
 
 import json
 import os
+from collections.abc import Sequence
 from datetime import UTC, datetime
 
 import dagster as dg
 import numpy as np
+import psycopg
 from dagster_dbt import DbtCliResource, dbt_assets, get_asset_key_for_model
 
 from cdp_assets.analytics.automation import ANALYTICS_AUTOMATION
@@ -32,19 +34,28 @@ SCORING_AND_TESTS = f"{SCORING_MODELS}+"
 AUDIENCE_MODELS = "path:models/audiences,resource_type:model"
 
 
-def dbt_vars(tenant_id: str | None) -> str:
-    """`--vars` for one tenant (or all), as of today in UTC."""
-    values = {"as_of": datetime.now(UTC).date().isoformat()}
-    if tenant_id is not None:
-        # The macros refuse such an id too, but dbt would first choke on its YAML (JSON
-        # escapes of characters beyond the BMP are not YAML) with a baffling error.
-        if not SLUG.fullmatch(tenant_id):
-            raise ValueError(f"tenant id {tenant_id[:80]!r} is not a slug")
-        values["tenant_id"] = tenant_id
+def dbt_vars(tenant_ids: Sequence[str] | None) -> str:
+    """`--vars` for some tenants (or all), as of today in UTC."""
+    values: dict = {"as_of": datetime.now(UTC).date().isoformat()}
+    if tenant_ids is not None:
+        for tenant_id in tenant_ids:
+            # The macros refuse such an id too, but dbt would first choke on its YAML (JSON
+            # escapes of characters beyond the BMP are not YAML) with a baffling error.
+            if not SLUG.fullmatch(tenant_id):
+                raise ValueError(f"tenant id {tenant_id[:80]!r} is not a slug")
+        values["tenant_id"] = list(tenant_ids)
     return json.dumps(values)
 
 
-def _run_dbt(context: dg.AssetExecutionContext, dbt: DbtCliResource, tenant_id: str | None):
+def run_tenants(context: dg.AssetExecutionContext) -> list[str]:
+    """The tenants of this run: one partition, or the range a backfill launches as one run
+    (single-run policy), so that N tenants cost one dbt invocation, not N."""
+    return sorted(context.partition_keys)
+
+
+def _run_dbt(
+    context: dg.AssetExecutionContext, dbt: DbtCliResource, tenant_ids: Sequence[str] | None
+):
     os.environ.update(dbt_connection_env(migrated_url()))
     # Cautious: a test joining a model of another asset (churn_risk -> customers) runs with
     # the asset that holds all its parents, not with the first one to build.
@@ -52,7 +63,7 @@ def _run_dbt(context: dg.AssetExecutionContext, dbt: DbtCliResource, tenant_id: 
     args = [
         "build",
         "--vars",
-        dbt_vars(tenant_id),
+        dbt_vars(tenant_ids),
         "--indirect-selection",
         "cautious",
         "--exclude-resource-type",
@@ -62,18 +73,33 @@ def _run_dbt(context: dg.AssetExecutionContext, dbt: DbtCliResource, tenant_id: 
 
 
 SEGMENT_SIZES_SQL = """
-SELECT segment, count(*) FROM marts.rfm_segments WHERE tenant_id = %s GROUP BY 1 ORDER BY 2 DESC
+SELECT tenant_id, segment, count(*) FROM marts.rfm_segments WHERE tenant_id = ANY(%s)
+ GROUP BY 1, 2 ORDER BY 1, 3 DESC
 """
 
 
-def segment_metadata(conn, tenant_id: str) -> dict:
-    """Segment sizes: numeric per segment (plotted over time) and one table to read."""
-    sizes = conn.execute(SEGMENT_SIZES_SQL, (tenant_id,)).fetchall()
-    table = "| segment | customers |\n|---|---|\n" + "\n".join(f"| {s} | {n} |" for s, n in sizes)
-    return {
-        "segments": dg.MetadataValue.md(table),
-        **{f"segment_size/{segment}": count for segment, count in sizes},
-    }
+def segment_metadata(conn: psycopg.Connection, tenant_ids: Sequence[str]) -> dict:
+    """Segment sizes as a table, and a number per segment (plotted over time) when the run
+    is one tenant's: a run over several records the same metadata on each of them."""
+    sizes = conn.execute(SEGMENT_SIZES_SQL, (list(tenant_ids),)).fetchall()
+    table = "| tenant | segment | customers |\n|---|---|---|\n" + "\n".join(
+        f"| {t} | {s} | {n} |" for t, s, n in sizes
+    )
+    metadata: dict = {"segments": dg.MetadataValue.md(table)}
+    if len(tenant_ids) == 1:
+        metadata.update({f"segment_size/{segment}": count for _, segment, count in sizes})
+        metadata["segment_chart"] = dg.MetadataValue.md(bar_chart(sizes))
+    return metadata
+
+
+def bar_chart(sizes: Sequence[tuple[str, str, int]], width: int = 30) -> str:
+    """Segment sizes as a text bar chart: readable in the UI's Markdown view."""
+    largest = max((n for _, _, n in sizes), default=0)
+    if not largest:
+        return "no segments"
+    label = max(len(s) for _, s, _ in sizes)
+    rows = [f"{s:<{label}} {'█' * max(1, round(width * n / largest))} {n}" for _, s, n in sizes]
+    return "```\n" + "\n".join(rows) + "\n```"
 
 
 _tenant_dbt = {
@@ -81,7 +107,9 @@ _tenant_dbt = {
     "project": dbt_project,
     "dagster_dbt_translator": translator,
     "partitions_def": tenants,
-    "backfill_policy": dg.BackfillPolicy.multi_run(max_partitions_per_run=1),
+    # A backfill of many tenants is one run and one dbt build for all of them: dbt's start-up
+    # and per-model overhead is paid once, and the set-based SQL covers every tenant.
+    "backfill_policy": dg.BackfillPolicy.single_run(),
     "pool": "dbt",
 }
 
@@ -90,20 +118,21 @@ _tenant_dbt = {
     name="dbt_tenant_models", select=TENANT_MODELS, exclude=SCORING_AND_TESTS, **_tenant_dbt
 )
 def dbt_tenant_models(context: dg.AssetExecutionContext, dbt: DbtCliResource):
-    """Staging, identity resolution, customers and RFM segments for one tenant."""
-    tenant_id = context.partition_key
+    """Staging, identity resolution, customers and RFM segments for the run's tenants."""
+    tenant_ids = run_tenants(context)
     rfm_output = dbt_tenant_models.get_output_name_for_asset_key(dg.AssetKey("rfm_segments"))
-    for event in _run_dbt(context, dbt, tenant_id):
+    for event in _run_dbt(context, dbt, tenant_ids):
         if isinstance(event, dg.Output) and event.output_name == rfm_output:
             with WarehouseResource().connect() as conn:
-                event = event.with_metadata({**event.metadata, **segment_metadata(conn, tenant_id)})
+                extra = segment_metadata(conn, tenant_ids)
+            event = event.with_metadata({**event.metadata, **extra})
         yield event
 
 
 @dbt_assets(name="dbt_tenant_scoring", select=SCORING_MODELS, **_tenant_dbt)
 def dbt_tenant_scoring(context: dg.AssetExecutionContext, dbt: DbtCliResource):
-    """Churn risk for one tenant, from its history and the fitted P(alive)."""
-    yield from _run_dbt(context, dbt, context.partition_key)
+    """Churn risk for the run's tenants, from their history and the fitted P(alive)."""
+    yield from _run_dbt(context, dbt, run_tenants(context))
 
 
 @dbt_assets(
@@ -129,7 +158,7 @@ SELECT customer_key, frequency_x, recency_t_x_days, age_t_days, mean_repeat_spen
 
 @dg.asset(
     partitions_def=tenants,
-    backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=1),
+    backfill_policy=dg.BackfillPolicy.single_run(),
     deps=[get_asset_key_for_model([dbt_tenant_models], "int_customers__purchase_summary")],
     group_name="marts",
     kinds={"python", "scipy", "postgres"},
@@ -141,27 +170,55 @@ def customer_predictions(
 ) -> dg.MaterializeResult:
     """P(alive), expected purchases and CLV over 1, 3 and 5 years per customer.
 
-    BG/NBD and Gamma-Gamma fitted per tenant by maximum likelihood (`analytics/clv.py`);
+    BG/NBD and Gamma-Gamma fitted per tenant of the run by maximum likelihood (`analytics/clv.py`);
     a tenant whose data cannot support the fit gets the documented heuristic, and the
     `model` column says which one each row came from.
     """
-    tenant_id = context.partition_key
     as_of = datetime.now(UTC).date()
+    fitted: list[tuple[str, int, Predictions]] = []
     with warehouse.connect() as conn:
-        rows = conn.execute(SUMMARY_SQL, (tenant_id,)).fetchall()
-        keys = [r[0] for r in rows]
-        x, t_x, T, m_x, spend = (
-            np.array([r[i] or 0 for r in rows], dtype=float) for i in range(1, 6)
+        for tenant_id in run_tenants(context):
+            customers, result = _predict_tenant(conn, tenant_id, as_of)
+            # Tenant by tenant: a failure later in a long run keeps the tenants already done.
+            conn.commit()
+            fitted.append((tenant_id, customers, result))
+    if len(fitted) == 1:
+        _, customers, result = fitted[0]
+        return dg.MaterializeResult(metadata=_metadata(result, customers))
+    # A run over several tenants records this on each of them: a table, not per-tenant numbers.
+    return dg.MaterializeResult(
+        metadata={
+            "tenants_in_run": len(fitted),
+            "tenants": dg.MetadataValue.md(_fits_table(fitted)),
+        }
+    )
+
+
+def _predict_tenant(conn: psycopg.Connection, tenant_id: str, as_of) -> tuple[int, Predictions]:
+    rows = conn.execute(SUMMARY_SQL, (tenant_id,)).fetchall()
+    keys = [r[0] for r in rows]
+    x, t_x, T, m_x, spend = (np.array([r[i] or 0 for r in rows], dtype=float) for i in range(1, 6))
+    result = predict(x, t_x, T, m_x, spend)
+    conn.execute(
+        "DELETE FROM analytics_python.customer_predictions WHERE tenant_id = %s", (tenant_id,)
+    )
+    _copy_predictions(conn, tenant_id, as_of, keys, x, t_x, T, m_x, result)
+    _record_fit(conn, tenant_id, as_of, len(keys), int((x > 0).sum()), result)
+    return len(keys), result
+
+
+def _fits_table(fitted: list[tuple[str, int, Predictions]]) -> str:
+    lines = [
+        "| tenant | customers | model | mean P(alive) | CLV 1y | CLV 3y | CLV 5y |",
+        "|---|---:|---|---:|---:|---:|---:|",
+    ]
+    for tenant_id, customers, result in fitted:
+        mean_alive = float(result.p_alive.mean()) if customers else 0.0
+        totals = " | ".join(f"{float(result.clv[m].sum()):,.2f}" for m in HORIZON_MONTHS)
+        lines.append(
+            f"| {tenant_id} | {customers} | {result.model} | {mean_alive:.3f} | {totals} |"
         )
-        result = predict(x, t_x, T, m_x, spend)
-        with conn.transaction():
-            conn.execute(
-                "DELETE FROM analytics_python.customer_predictions WHERE tenant_id = %s",
-                (tenant_id,),
-            )
-            _copy_predictions(conn, tenant_id, as_of, keys, x, t_x, T, m_x, result)
-            _record_fit(conn, tenant_id, as_of, len(keys), int((x > 0).sum()), result)
-    return dg.MaterializeResult(metadata=_metadata(result, len(keys)))
+    return "\n".join(lines)
 
 
 def _copy_predictions(conn, tenant_id, as_of, keys, x, t_x, T, m_x, result: Predictions) -> None:

@@ -3,15 +3,15 @@
 
     dbt's delete+insert only deletes the tenant_id values present in the new batch, so a
     tenant whose rows all disappear (e.g. it fell below the RFM minimum) would keep stale
-    rows. This hook first deletes exactly the rows in scope: the one tenant when the var is
-    set, everything otherwise. It runs inside the model's transaction, before the insert,
+    rows. This hook first deletes exactly the rows in scope: the tenants the var names, or
+    everything when it is not set. It runs inside the model's transaction, before the insert,
     so readers see the old rows until the commit, and other tenants' rows are never touched.
 
-    A full refresh rebuilds the table from the model's SQL, which with a tenant var holds one
-    tenant only: that would wipe the others, so it is refused.
+    A full refresh rebuilds the table from the model's SQL, which with a tenant var holds those
+    tenants only: that would wipe the others, so it is refused.
 -#}
 {% macro delete_tenant_rows() %}
-    {%- if should_full_refresh() and tenant_id_var() is not none -%}
+    {%- if should_full_refresh() and tenant_ids_var() is not none -%}
         {{ exceptions.raise_compiler_error(
             "--full-refresh with var tenant_id would drop every other tenant's rows of "
             ~ this ~ "; run the full refresh without tenant_id"

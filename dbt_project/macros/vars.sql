@@ -9,29 +9,45 @@
 {%- endmacro %}
 
 
-{#- The tenant_id var, validated, or none when every tenant is built. -#}
-{% macro tenant_id_var() %}
-    {%- set tenant_id = var('tenant_id', none) -%}
-    {%- if tenant_id is none or tenant_id == '' -%}
+{#-
+    The tenants in scope, validated: a list, or none when every tenant is built. The var is
+    `tenant_id`, one id (`--vars '{tenant_id: acme}'`) or a list of ids (a run over several
+    tenants' partitions builds them in one invocation).
+-#}
+{% macro tenant_ids_var() %}
+    {%- set value = var('tenant_id', none) -%}
+    {%- if value is none or value == '' or value == [] -%}
         {{ return(none) }}
     {%- endif -%}
-    {#- fullmatch, not match with ^...$: Python's $ also matches before a trailing newline. -#}
-    {%- if tenant_id is not string or modules.re.fullmatch('[a-z][a-z0-9_]{1,62}', tenant_id) is none -%}
+    {%- set ids = [value] if value is string else value -%}
+    {%- if ids is not iterable or ids is mapping -%}
         {{ exceptions.raise_compiler_error(
-            "var tenant_id must match ^[a-z][a-z0-9_]{1,62}$ (got " ~ (tenant_id | string)[:80] ~ ")"
+            "var tenant_id must be a tenant id or a list of them (got " ~ (value | string)[:80] ~ ")"
         ) }}
     {%- endif -%}
-    {{ return(tenant_id) }}
+    {%- for tenant_id in ids -%}
+        {#- fullmatch, not match with ^...$: Python's $ also matches before a trailing newline. -#}
+        {%- if tenant_id is not string or modules.re.fullmatch('[a-z][a-z0-9_]{1,62}', tenant_id) is none -%}
+            {{ exceptions.raise_compiler_error(
+                "var tenant_id must match ^[a-z][a-z0-9_]{1,62}$ (got " ~ (tenant_id | string)[:80] ~ ")"
+            ) }}
+        {%- endif -%}
+    {%- endfor -%}
+    {{ return(ids | unique | sort) }}
 {% endmacro %}
 
 
-{#- `<column> = '<tenant>'` when the tenant_id var is set, else `true`. -#}
+{#- `<column> in ('<tenant>', ...)` when the tenant_id var is set, else `true`. -#}
 {% macro tenant_filter(column='tenant_id') -%}
-    {%- set tenant_id = tenant_id_var() -%}
-    {%- if tenant_id is none -%}
+    {%- set tenant_ids = tenant_ids_var() -%}
+    {%- if tenant_ids is none -%}
         true
     {%- else -%}
-        {{ column }} = {{ sql_literal(tenant_id) }}
+        {{ column }} in (
+            {%- for tenant_id in tenant_ids -%}
+                {{ sql_literal(tenant_id) }}{{ ", " if not loop.last }}
+            {%- endfor -%}
+        )
     {%- endif -%}
 {%- endmacro %}
 

@@ -818,12 +818,12 @@ def test_dbt_vars_refuse_a_hostile_tenant_id_and_carry_a_slug_verbatim():
             row.checked += 1
         if not SLUG.fullmatch(tenant_id):
             with pytest.raises(ValueError, match="not a slug"):
-                dbt_vars(tenant_id)
+                dbt_vars([tenant_id])
             with tally(CONFIG) as row:
                 row.hostile += 1
             return
-        parsed = load_yaml_text(dbt_vars(tenant_id))
-        assert parsed["tenant_id"] == tenant_id and set(parsed) == {"tenant_id", "as_of"}
+        parsed = load_yaml_text(dbt_vars([tenant_id]))
+        assert parsed["tenant_id"] == [tenant_id] and set(parsed) == {"tenant_id", "as_of"}
 
     with tally(CONFIG):
         check()
