@@ -21,14 +21,10 @@ from support import (
 
 from cdp_assets.activation.destinations import Destination, add_audience, add_destination
 from cdp_assets.activation.triggers import changed_audiences
-from cdp_assets.analytics.assets import (
-    customer_predictions,
-    dbt_audiences,
-    dbt_tenant_models,
-    dbt_tenant_scoring,
-)
+from cdp_assets.analytics.assets import dbt_audiences, dbt_tenant_models, dbt_tenant_scoring
 from cdp_assets.analytics.checks import audience_sizes_within_bounds
 from cdp_assets.analytics.dbt_project import dbt_resource
+from cdp_assets.analytics.prediction_assets import customer_predictions, holdout_predictions
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.meta.assets import meta_custom_audiences
 from cdp_assets.meta.resources import MetaResource
@@ -63,10 +59,10 @@ TINY = StoreSpec(
     account="tinyshop", seed=8, customers=12, orders=30, products=10, history_start=date(2025, 1, 1)
 )
 TENANTS = {"an_big": BIG, "an_tiny": TINY}
-# The big store again, as its own tenant, for the churn holdout check (which rebuilds its
-# models as of an earlier date).
+# The big store again, as its own tenant, whose churn_risk the holdout test rebuilds as of
+# the holdout's calibration date.
 HOLDOUT_TENANT = "an_holdout"
-CALIBRATION_END = "2026-05-31"
+TENANT_ASSETS = [dbt_tenant_models, customer_predictions, holdout_predictions, dbt_tenant_scoring]
 
 
 def resources() -> dict:
@@ -75,7 +71,7 @@ def resources() -> dict:
 
 def refresh_tenant(instance: dg.DagsterInstance, tenant_id: str) -> dg.ExecuteInProcessResult:
     return dg.materialize(
-        [dbt_tenant_models, customer_predictions, dbt_tenant_scoring],
+        TENANT_ASSETS,
         partition_key=tenant_id,
         instance=instance,
         resources=resources(),
@@ -221,7 +217,7 @@ def test_one_run_over_several_tenants_matches_their_own_runs(analytics, conn, in
     before = conn.execute(fingerprint_sql).fetchall(), conn.execute(customers_sql).fetchall()
     assert {t for t, _ in before[1]} >= {"an_big", "an_tiny"}
     result = dg.materialize(
-        [dbt_tenant_models, customer_predictions, dbt_tenant_scoring],
+        TENANT_ASSETS,
         instance=instance,
         resources=resources(),
         tags={RANGE_START_TAG: "an_big", RANGE_END_TAG: "an_tiny"},
@@ -232,8 +228,8 @@ def test_one_run_over_several_tenants_matches_their_own_runs(analytics, conn, in
         before
     )
     steps = {e.step_key for e in result.all_events if e.event_type_value == "STEP_SUCCESS"}
-    assert steps == {"dbt_tenant_models", "customer_predictions", "dbt_tenant_scoring"}
-    for asset in ("rfm_segments", "customer_predictions", "churn_risk"):
+    assert steps == {a.op.name for a in TENANT_ASSETS}
+    for asset in ("rfm_segments", "customer_predictions", "churn_risk", "churn_holdout"):
         partitions = {
             e.partition
             for e in result.get_asset_materialization_events()
@@ -244,22 +240,50 @@ def test_one_run_over_several_tenants_matches_their_own_runs(analytics, conn, in
     assert fits["tenants_in_run"] == 2
     assert "| an_big |" in fits["tenants"] and "| an_tiny |" in fits["tenants"]
     assert "| an_big | Champions |" in materialization(result, "rfm_segments")["segments"]
+    holdout = materialization(result, "churn_holdout")["holdout_repurchase"]
+    assert "| an_big |" in holdout and "| low |" in holdout
 
 
-def test_churn_bands_rank_the_holdout_repurchase_rate(analytics, conn, instance, warehouse_url):
-    """Bands as of six months before the store's last day; the repurchase rate over those
-    six months must fall from the lowest to the highest risk band."""
-    dbt_build(warehouse_url, HOLDOUT_TENANT, "+int_customers__purchase_summary", CALIBRATION_END)
+def test_churn_holdout_ranks_repurchase_as_churn_risk_rebuilt_then_would(
+    analytics, conn, instance, warehouse_url
+):
+    """Every refresh bands the customers as of the holdout's calibration date (180 days
+    back) in marts.churn_holdout: the repurchase rate since must fall from the lowest to the
+    highest risk band, the metadata and the ranking check must say so, and churn_risk itself
+    rebuilt as of that date (the same store as another tenant) must give the same bands."""
+    calibration_dates = conn.execute(
+        "SELECT DISTINCT calibration_date FROM marts.churn_holdout WHERE tenant_id = 'an_big'"
+    ).fetchall()
+    assert len(calibration_dates) == 1
+    calibration = calibration_dates[0][0].isoformat()
+    rates = dict(
+        (band, (n, float(rate)))
+        for band, n, rate in conn.execute(
+            "SELECT churn_band, count(*), avg(repurchased::int) FROM marts.churn_holdout"
+            " WHERE tenant_id = 'an_big' GROUP BY 1"
+        )
+    )
+    print("synthetic holdout repurchase rate by band:", rates)
+    assert_bands_rank_repurchase(rates)
+    meta = materialization(analytics["an_big"], "churn_holdout")
+    for band, (customers, rate) in rates.items():
+        assert meta[f"holdout_customers/{band}"] == customers
+        assert meta[f"holdout_repurchase_rate/{band}"] == pytest.approx(rate)
+    checks = {e.check_name: e.passed for e in analytics["an_big"].get_asset_check_evaluations()}
+    assert checks["assert_churn_bands_rank_holdout_repurchase"] is True
+
+    dbt_build(warehouse_url, HOLDOUT_TENANT, "+int_customers__purchase_summary", calibration)
     dg.materialize(
         [customer_predictions],
         partition_key=HOLDOUT_TENANT,
         instance=instance,
         resources=resources(),
     )
-    dbt_build(warehouse_url, HOLDOUT_TENANT, "+churn_risk", CALIBRATION_END)
-    rates = holdout_repurchase_rates(conn, HOLDOUT_TENANT, CALIBRATION_END)
-    print("synthetic holdout repurchase rate by band:", rates)
-    assert_bands_rank_repurchase(rates)
+    dbt_build(warehouse_url, HOLDOUT_TENANT, "+churn_risk", calibration)
+    rebuilt = holdout_repurchase_rates(conn, HOLDOUT_TENANT, calibration)
+    assert {b: n for b, (n, _) in rebuilt.items()} == {b: n for b, (n, _) in rates.items()}
+    for band, (_, rate) in rebuilt.items():
+        assert rate == pytest.approx(rates[band][1])
 
 
 def test_audiences_and_collections_reach_meta_and_vtex(analytics, conn, instance):

@@ -1,21 +1,23 @@
 import dagster as dg
 
-from cdp_assets.analytics.assets import (
-    customer_predictions,
-    dbt_audiences,
-    dbt_tenant_models,
-    dbt_tenant_scoring,
-)
+from cdp_assets.analytics.assets import dbt_audiences, dbt_tenant_models, dbt_tenant_scoring
 from cdp_assets.analytics.automation import analytics_automation_sensor
 from cdp_assets.analytics.checks import audience_sizes_within_bounds
 from cdp_assets.analytics.dbt_project import dbt_resource
 from cdp_assets.analytics.jobs import analytics_tenant_refresh, audiences_refresh
+from cdp_assets.analytics.prediction_assets import customer_predictions, holdout_predictions
 from cdp_assets.analytics.schedules import audiences_every_48_hours
 
 
 def defs() -> dg.Definitions:
     return dg.Definitions(
-        assets=[dbt_tenant_models, customer_predictions, dbt_tenant_scoring, dbt_audiences],
+        assets=[
+            dbt_tenant_models,
+            customer_predictions,
+            holdout_predictions,
+            dbt_tenant_scoring,
+            dbt_audiences,
+        ],
         asset_checks=[audience_sizes_within_bounds],
         jobs=[analytics_tenant_refresh, audiences_refresh],
         schedules=[audiences_every_48_hours],

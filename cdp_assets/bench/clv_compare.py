@@ -16,7 +16,7 @@ import numpy as np
 import psycopg
 
 from cdp_assets.analytics import clv
-from cdp_assets.analytics.assets import SUMMARY_SQL
+from cdp_assets.analytics.prediction_assets import SUMMARY_SQL
 
 BGNBD = ("r", "alpha", "a", "b")
 GAMMA_GAMMA = ("p", "q", "gamma")

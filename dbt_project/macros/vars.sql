@@ -71,3 +71,12 @@
         cast({{ sql_literal(as_of_text) }} as date)
     {%- endif -%}
 {%- endmacro %}
+
+
+{#-
+    The churn holdout's calibration date: var as_of minus var churn_holdout_days. Bands are
+    computed as of it and checked against who bought in the days after (marts.churn_holdout).
+-#}
+{% macro holdout_calibration_date() -%}
+    ({{ as_of_date() }} - {{ var('churn_holdout_days') | int }})
+{%- endmacro %}

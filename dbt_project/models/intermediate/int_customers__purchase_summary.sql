@@ -7,43 +7,5 @@
     )
 }}
 
--- One row per customer with at least one purchase on or before as_of: counts, revenue and
--- the BG/NBD / Gamma-Gamma inputs the Python CLV step reads (analytics.md §2.1, §5.1).
--- Orders are collapsed to purchase days first (lifetimes and pymc-marketing do the same;
--- VTEX also splits one checkout into one order per seller), so same-day orders are one
--- purchase for frequency_x and their spend is summed.
-with purchases as (
-    select * from {{ ref('int_orders__purchases') }}
-    where {{ tenant_filter() }}
-        and is_purchase
-        and order_date <= {{ as_of_date() }}
-),
-
-purchase_days as (
-    select
-        tenant_id,
-        customer_key,
-        order_date as purchase_date,
-        count(*) as orders,
-        coalesce(sum(order_total), 0) as day_spend,
-        row_number() over (partition by tenant_id, customer_key order by order_date) as day_number
-    from purchases
-    group by tenant_id, customer_key, order_date
-)
-
-select
-    tenant_id,
-    customer_key,
-    sum(orders)::integer as orders,
-    count(*)::integer as purchase_days,
-    min(purchase_date) as first_purchase_date,
-    max(purchase_date) as last_purchase_date,
-    sum(day_spend)::numeric(18, 2) as revenue,
-    -- BG/NBD inputs in days: x = repeat purchase days, t_x = first to last day,
-    -- T = first day to as_of; m_x = mean spend of the repeat days (0 when x = 0).
-    (count(*) - 1)::integer as frequency_x,
-    (max(purchase_date) - min(purchase_date))::integer as recency_t_x_days,
-    ({{ as_of_date() }} - min(purchase_date))::integer as age_t_days,
-    coalesce(avg(day_spend) filter (where day_number > 1), 0)::numeric(18, 2) as mean_repeat_spend
-from purchase_days
-group by tenant_id, customer_key
+-- The purchase summary as of var as_of (macros/purchase_summary.sql).
+{{ purchase_summary(as_of_date()) }}

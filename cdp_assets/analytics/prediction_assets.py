@@ -1,0 +1,216 @@
+"""The Python step between the dbt models: BG/NBD + Gamma-Gamma fits per tenant (scipy,
+which dbt cannot run on Postgres), today's and the churn holdout's."""
+
+from collections.abc import Sequence
+
+import dagster as dg
+import numpy as np
+import psycopg
+from dagster_dbt import get_asset_key_for_model
+
+from cdp_assets.analytics.assets import dbt_tenant_models, run_tenants
+from cdp_assets.analytics.automation import ANALYTICS_AUTOMATION
+from cdp_assets.analytics.predictions import HORIZON_MONTHS, Predictions, predict
+from cdp_assets.lib.warehouse import WarehouseResource
+from cdp_assets.partitions import tenants
+
+
+def summary_sql(model: str) -> str:
+    """One tenant's fit inputs from a purchase summary model (macro purchase_summary), in a
+    fixed order: floating-point sums depend on it, and the same data must give the same fit."""
+    return f"""
+SELECT customer_key, frequency_x, recency_t_x_days, age_t_days, mean_repeat_spend,
+       revenue / nullif(purchase_days, 0), as_of
+  FROM intermediate.{model}
+ WHERE tenant_id = %s
+ ORDER BY customer_key
+"""
+
+
+SUMMARY_SQL = summary_sql("int_customers__purchase_summary")
+
+
+def _predictions_asset(
+    name: str, summary_model: str, record_fits: bool, description: str
+) -> dg.AssetsDefinition:
+    """A tenant-partitioned asset fitting every tenant of its run on `summary_model` and
+    replacing the tenant's rows of `analytics_python.<name>`."""
+    table = f"analytics_python.{name}"
+
+    @dg.asset(
+        name=name,
+        description=description,
+        partitions_def=tenants,
+        backfill_policy=dg.BackfillPolicy.single_run(),
+        deps=[get_asset_key_for_model([dbt_tenant_models], summary_model)],
+        group_name="marts",
+        kinds={"python", "scipy", "postgres"},
+        automation_condition=ANALYTICS_AUTOMATION,
+        metadata={"dagster/table_name": table},
+    )
+    def fit(
+        context: dg.AssetExecutionContext, warehouse: WarehouseResource
+    ) -> dg.MaterializeResult:
+        fitted: list[tuple[str, int, Predictions]] = []
+        with warehouse.connect() as conn:
+            for tenant_id in run_tenants(context):
+                rows = conn.execute(summary_sql(summary_model), (tenant_id,)).fetchall()
+                result = _replace_predictions(conn, table, tenant_id, rows, record_fits)
+                # Tenant by tenant: a failure later in a long run keeps the tenants done.
+                conn.commit()
+                fitted.append((tenant_id, len(rows), result))
+        if len(fitted) == 1:
+            _, customers, result = fitted[0]
+            return dg.MaterializeResult(metadata=_metadata(result, customers))
+        # A run over several tenants records this on each of them: a table, not numbers.
+        return dg.MaterializeResult(
+            metadata={
+                "tenants_in_run": len(fitted),
+                "tenants": dg.MetadataValue.md(_fits_table(fitted)),
+            }
+        )
+
+    return fit
+
+
+customer_predictions = _predictions_asset(
+    "customer_predictions",
+    "int_customers__purchase_summary",
+    record_fits=True,
+    description="""P(alive), expected purchases and CLV over 1, 3 and 5 years per customer.
+
+    BG/NBD and Gamma-Gamma fitted per tenant of the run by maximum likelihood
+    (`analytics/clv.py`); a tenant whose data cannot support the fit gets the documented
+    heuristic, and the `model` column says which one each row came from.""",
+)
+holdout_predictions = _predictions_asset(
+    "holdout_predictions",
+    "int_customers__holdout_summary",
+    record_fits=False,
+    description="""The same fit as customer_predictions, as of the churn holdout's calibration
+    date (var churn_holdout_days before as_of): the P(alive) marts.churn_holdout bands with,
+    so the holdout tests the churn rules as they run today.""",
+)
+
+
+def _replace_predictions(
+    conn: psycopg.Connection, table: str, tenant_id: str, rows: Sequence[tuple], record_fits: bool
+) -> Predictions:
+    keys = [r[0] for r in rows]
+    x, t_x, T, m_x, spend = (np.array([r[i] or 0 for r in rows], dtype=float) for i in range(1, 6))
+    result = predict(x, t_x, T, m_x, spend)
+    conn.execute(f"DELETE FROM {table} WHERE tenant_id = %s", (tenant_id,))
+    if rows:
+        as_of = rows[0][6]
+        _copy_predictions(conn, table, tenant_id, as_of, keys, x, t_x, T, m_x, result)
+        if record_fits:
+            _record_fit(conn, tenant_id, as_of, len(keys), int((x > 0).sum()), result)
+    return result
+
+
+def _fits_table(fitted: list[tuple[str, int, Predictions]]) -> str:
+    lines = [
+        "| tenant | customers | model | mean P(alive) | CLV 1y | CLV 3y | CLV 5y |",
+        "|---|---:|---|---:|---:|---:|---:|",
+    ]
+    for tenant_id, customers, result in fitted:
+        mean_alive = float(result.p_alive.mean()) if customers else 0.0
+        totals = " | ".join(f"{float(result.clv[m].sum()):,.2f}" for m in HORIZON_MONTHS)
+        lines.append(
+            f"| {tenant_id} | {customers} | {result.model} | {mean_alive:.3f} | {totals} |"
+        )
+    return "\n".join(lines)
+
+
+def _copy_predictions(
+    conn, table: str, tenant_id, as_of, keys, x, t_x, T, m_x, result: Predictions
+) -> None:
+    columns = (
+        "tenant_id, customer_key, as_of, frequency_x, recency_t_x_days, age_t_days,"
+        " mean_repeat_spend, p_alive, p_no_purchase_90d, expected_purchases_1y,"
+        " expected_purchases_3y, expected_purchases_5y, clv_1y, clv_3y, clv_5y, model"
+    )
+    purchases, value = result.expected_purchases, result.clv
+    with conn.cursor().copy(f"COPY {table} ({columns}) FROM STDIN") as copy:
+        for i, key in enumerate(keys):
+            copy.write_row(
+                (
+                    tenant_id,
+                    key,
+                    as_of,
+                    int(x[i]),
+                    int(t_x[i]),
+                    int(T[i]),
+                    round(m_x[i], 2),
+                    float(result.p_alive[i]),
+                    float(result.p_no_purchase_90d[i]),
+                    *(float(purchases[m][i]) for m in HORIZON_MONTHS),
+                    *(round(float(value[m][i]), 2) for m in HORIZON_MONTHS),
+                    result.model,
+                )
+            )
+
+
+def _record_fit(
+    conn, tenant_id, as_of, customers: int, repeaters: int, result: Predictions
+) -> None:
+    bg = result.bgnbd.params if result.bgnbd else None
+    gg = result.gamma_gamma.params if result.gamma_gamma else None
+    conn.execute(
+        """
+        INSERT INTO analytics_python.clv_fits (tenant_id, as_of, model, fallback_reason,
+            customers, repeaters, bgnbd_r, bgnbd_alpha, bgnbd_a, bgnbd_b, bgnbd_log_likelihood,
+            gg_p, gg_q, gg_gamma, gg_log_likelihood)
+        VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+        """,
+        (
+            tenant_id,
+            as_of,
+            result.model,
+            result.fallback_reason,
+            customers,
+            repeaters,
+            bg and bg.r,
+            bg and bg.alpha,
+            bg and bg.a,
+            bg and bg.b,
+            result.bgnbd.log_likelihood if result.bgnbd else None,
+            gg and gg.p,
+            gg and gg.q,
+            gg and gg.gamma,
+            result.gamma_gamma.log_likelihood if result.gamma_gamma else None,
+        ),
+    )
+
+
+def _metadata(result: Predictions, customers: int) -> dict:
+    clv_1y = result.clv[12]
+    metadata: dict = {
+        "dagster/row_count": customers,
+        "model": result.model,
+        "fell_back": result.fallback_reason is not None,
+        "mean_p_alive": float(result.p_alive.mean()) if customers else 0.0,
+        **{f"clv_{m // 12}y_total": float(result.clv[m].sum()) for m in HORIZON_MONTHS},
+    }
+    if result.fallback_reason:
+        metadata["fallback_reason"] = result.fallback_reason
+    if result.bgnbd and result.gamma_gamma:
+        bg, gg = result.bgnbd.params, result.gamma_gamma.params
+        metadata.update(
+            bgnbd_r=bg.r,
+            bgnbd_alpha=bg.alpha,
+            bgnbd_a=bg.a,
+            bgnbd_b=bg.b,
+            gg_p=gg.p,
+            gg_q=gg.q,
+            gg_gamma=gg.gamma,
+            **result.fit_details,
+        )
+    if customers:
+        quantiles = np.quantile(clv_1y, [0.1, 0.25, 0.5, 0.75, 0.9, 0.99])
+        table = "| quantile | CLV 1y |\n|---|---|\n" + "\n".join(
+            f"| p{int(q * 100)} | {v:,.2f} |"
+            for q, v in zip((0.1, 0.25, 0.5, 0.75, 0.9, 0.99), quantiles, strict=True)
+        )
+        metadata["clv_1y_distribution"] = dg.MetadataValue.md(table)
+    return metadata
