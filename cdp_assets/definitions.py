@@ -5,6 +5,7 @@ import dagster as dg
 from cdp_assets.activation.definitions import defs as activation_defs
 from cdp_assets.analytics.definitions import defs as analytics_defs
 from cdp_assets.google.definitions import defs as google_defs
+from cdp_assets.lib.executor import executor_from_env
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.meta.definitions import defs as meta_defs
 from cdp_assets.ops.definitions import defs as ops_defs
@@ -35,7 +36,10 @@ def build_definitions() -> dg.Definitions:
             google_defs(),
             activation_defs(),
             ops_defs(),
-            dg.Definitions(resources={"warehouse": WarehouseResource()}),
+            # Dagster's default executor, or Celery workers when CDP_EXECUTOR=celery.
+            dg.Definitions(
+                resources={"warehouse": WarehouseResource()}, executor=executor_from_env()
+            ),
         )
     )
 

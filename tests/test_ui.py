@@ -18,12 +18,9 @@ import re
 import select
 import shutil
 import signal
-import socket
 import subprocess
-import sys
 import time
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from pathlib import Path
@@ -32,22 +29,26 @@ from typing import Any
 import dagster as dg
 import psycopg
 import pytest
-import requests
-from support import TABLES, register
+from dagster_services import (
+    LAUNCH_PIPELINE_EXECUTION,
+    LOCATION,
+    REPOSITORY,
+    ROOT,
+    RUN_TIMEOUT,
+    Ui,
+    running_ui,
+    served_keys,
+    stored_keys,
+)
+from support import register
 
-from cdp_assets.analytics.dbt_project import ensure_manifest
-from cdp_assets.lib.dagster_home import apply_pool_limits, prepare_dagster_home
-from cdp_assets.lib.database import sqlalchemy_url, with_database
-from cdp_assets.partitions import RANGE_END_TAG, RANGE_START_TAG, tenants
+from cdp_assets.partitions import RANGE_END_TAG, RANGE_START_TAG
 from cdp_assets.sandbox import SandboxProcess, StoreSpec
 from cdp_assets.vtex.jobs import TENANT_SYNC_JOB
 
-ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / "tests" / "artifacts" / "ui"
 DOCS_SCREENSHOT = ROOT / "docs" / "asset-graph.png"
-BIN = Path(sys.executable).parent
 
-LOCATION, REPOSITORY = "cdp", "__repository__"  # workspace.yaml's location; Definitions' repo
 TENANT = "ui_shop"
 STORE = StoreSpec(
     account="uishop",
@@ -58,22 +59,8 @@ STORE = StoreSpec(
     history_start=date(2025, 6, 1),
 )
 BACKFILL_MONTHS = ("2025-07-01", "2025-08-01")
-RUN_TIMEOUT = 180.0
 
-# What the UI sends (dagster-webserver 1.13's bundle: LaunchAssetExecutionButton.tsx,
-# LaunchAssetChoosePartitionsDialog.tsx, ScheduleMutations.tsx, SensorMutations.tsx).
-LAUNCH_PIPELINE_EXECUTION = """
-mutation LaunchPipelineExecution($executionParams: ExecutionParams!) {
-  launchPipelineExecution(executionParams: $executionParams) {
-    __typename
-    ... on LaunchRunSuccess { run { id runId pipelineName status } }
-    ... on PipelineNotFoundError { message }
-    ... on InvalidSubsetError { message }
-    ... on RunConfigValidationInvalid { errors { message } }
-    ... on PythonError { message stack }
-  }
-}
-"""
+# What the UI sends (dagster-webserver 1.13's bundle: LaunchAssetChoosePartitionsDialog.tsx).
 LAUNCH_PARTITION_BACKFILL = """
 mutation LaunchPartitionBackfill($backfillParams: LaunchBackfillParams!) {
   launchPartitionBackfill(backfillParams: $backfillParams) {
@@ -87,78 +74,6 @@ mutation LaunchPartitionBackfill($backfillParams: LaunchBackfillParams!) {
     ... on RunConflict { message }
     ... on RunConfigValidationInvalid { errors { message } }
     ... on PythonError { message stack }
-  }
-}
-"""
-WORKSPACE = """
-query Workspace {
-  workspaceOrError {
-    __typename
-    ... on Workspace {
-      locationEntries {
-        name
-        loadStatus
-        locationOrLoadError {
-          __typename
-          ... on RepositoryLocation { repositories { name } }
-          ... on PythonError { message stack }
-        }
-      }
-    }
-    ... on PythonError { message }
-  }
-}
-"""
-INSTIGATORS = """
-query Instigators($selector: RepositorySelector!) {
-  repositoryOrError(repositorySelector: $selector) {
-    __typename
-    ... on Repository {
-      schedules { name scheduleState { id status } }
-      sensors { id name sensorState { status } }
-    }
-  }
-}
-"""
-STOP_SCHEDULE = """
-mutation StopSchedule($id: String!) {
-  stopRunningSchedule(id: $id) {
-    __typename
-    ... on ScheduleStateResult { scheduleState { id status } }
-    ... on PythonError { message }
-  }
-}
-"""
-STOP_SENSOR = """
-mutation StopRunningSensor($id: String!) {
-  stopSensor(id: $id) {
-    __typename
-    ... on StopSensorMutationResult { instigationState { id status } }
-    ... on PythonError { message }
-  }
-}
-"""
-RUN_STATUS = """
-query RunStatus($runId: ID!) {
-  runOrError(runId: $runId) {
-    __typename
-    ... on Run { id status tags { key value } }
-    ... on RunNotFoundError { message }
-    ... on PythonError { message }
-  }
-}
-"""
-RUN_ERRORS = """
-query RunErrors($runId: ID!) {
-  logsForRun(runId: $runId) {
-    __typename
-    ... on EventConnection {
-      events {
-        __typename
-        ... on MessageEvent { message level stepKey }
-        ... on ErrorEvent { error { message } }
-      }
-    }
   }
 }
 """
@@ -179,12 +94,6 @@ query BackfillStatus($backfillId: String!) {
   }
 }
 """
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -358,226 +267,21 @@ class Chromium:
         return self.evaluate("document.documentElement.outerHTML")
 
 
-@dataclass
-class Ui:
-    """A running webserver + daemon on the test database, and the sandbox they sync from."""
-
-    url: str
-    sandbox: SandboxProcess
-    home: Path
-    processes: dict[str, subprocess.Popen]
-    logs: dict[str, Path]
-    http: requests.Session
-
-    def check_alive(self) -> None:
-        for name, process in self.processes.items():
-            if process.poll() is not None:
-                tail = self.logs[name].read_text(errors="replace")[-4000:]
-                pytest.fail(f"{name} exited with {process.returncode}; its log ends:\n{tail}")
-
-    def graphql(self, query: str, variables: dict[str, Any] | None = None) -> dict[str, Any]:
-        self.check_alive()
-        response = self.http.post(
-            f"{self.url}/graphql", json={"query": query, "variables": variables or {}}, timeout=60
-        )
-        body = response.json()
-        assert response.ok and not body.get("errors"), f"GraphQL {response.status_code}: {body}"
-        return body["data"]
-
-    def wait_for(self, what: str, probe: Callable[[], Any], timeout: float, every: float = 1.0):
-        """Poll `probe` until it returns something truthy; that value."""
-        deadline = time.monotonic() + timeout
-        while True:
-            value = probe()
-            if value:
-                return value
-            if time.monotonic() > deadline:
-                pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
-            time.sleep(every)
-
-    def run_errors(self, run_id: str) -> str:
-        logs = self.graphql(RUN_ERRORS, {"runId": run_id})["logsForRun"]
-        lines = [
-            (event.get("error") or {}).get("message") or event.get("message", "")
-            for event in logs.get("events", [])
-            if event.get("level") == "ERROR" or event.get("error")
-        ]
-        return "\n".join(lines)[-4000:]
-
-    def wait_for_run(self, run_id: str, timeout: float = RUN_TIMEOUT) -> dict[str, Any]:
-        def finished() -> dict[str, Any] | None:
-            run = self.graphql(RUN_STATUS, {"runId": run_id})["runOrError"]
-            assert run["__typename"] == "Run", run
-            return run if run["status"] in ("SUCCESS", "FAILURE", "CANCELED") else None
-
-        run = self.wait_for(f"run {run_id}", finished, timeout)
-        errors = "" if run["status"] == "SUCCESS" else self.run_errors(run_id)
-        assert run["status"] == "SUCCESS", f"run {run_id} {run['status']}:\n{errors}"
-        return run
-
-
-def _wait_until_serving(ui: Ui, timeout: float = 120.0) -> None:
-    def server_info() -> bool:
-        ui.check_alive()
-        with contextlib.suppress(requests.RequestException):
-            return ui.http.get(f"{ui.url}/server_info", timeout=2).ok
-        return False
-
-    def location_loaded() -> bool:
-        workspace = ui.graphql(WORKSPACE)["workspaceOrError"]
-        assert workspace["__typename"] == "Workspace", workspace
-        (entry,) = [e for e in workspace["locationEntries"] if e["name"] == LOCATION]
-        loaded = entry["locationOrLoadError"]
-        if loaded and loaded["__typename"] == "PythonError":
-            stack = "".join(loaded["stack"])
-            pytest.fail(f"code location {LOCATION!r} failed to load: {loaded['message']}\n{stack}")
-        return entry["loadStatus"] == "LOADED" and loaded is not None
-
-    ui.wait_for("/server_info", server_info, timeout, every=0.25)
-    ui.wait_for(f"code location {LOCATION!r}", location_loaded, timeout, every=0.5)
-
-
-def _stop_instigators(ui: Ui) -> list[str]:
-    """Toggle every schedule and sensor off, as an operator would in the UI. They run by
-    default; in a shared test database they would launch runs for other tests' tenants (and
-    the 05:00/06:00 Buenos Aires schedules fire whenever the suite happens to cross them)."""
-    selector = {"repositoryLocationName": LOCATION, "repositoryName": REPOSITORY}
-    repo = ui.graphql(INSTIGATORS, {"selector": selector})["repositoryOrError"]
-    assert repo["__typename"] == "Repository", repo
-    stopped = []
-    for schedule in repo["schedules"]:
-        if schedule["scheduleState"]["status"] == "RUNNING":
-            result = ui.graphql(STOP_SCHEDULE, {"id": schedule["scheduleState"]["id"]})
-            assert result["stopRunningSchedule"]["__typename"] == "ScheduleStateResult", result
-            stopped.append(schedule["name"])
-    for sensor in repo["sensors"]:
-        if sensor["sensorState"]["status"] == "RUNNING":
-            result = ui.graphql(STOP_SENSOR, {"id": sensor["id"]})
-            assert result["stopSensor"]["__typename"] == "StopSensorMutationResult", result
-            stopped.append(sensor["name"])
-    return stopped
-
-
-def _start(command: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
-    with open(log, "wb") as out:
-        return subprocess.Popen(
-            command,
-            cwd=ROOT,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # a Ctrl-C in the terminal reaches pytest, not these
-        )
-
-
-def _stop(processes: dict[str, subprocess.Popen]) -> None:
-    """SIGINT (what Ctrl-C sends `cdp dev`'s children), then SIGKILL the process group."""
-    for process in processes.values():
-        if process.poll() is None:
-            process.send_signal(signal.SIGINT)
-    deadline = time.monotonic() + 20
-    for process in processes.values():
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(timeout=max(0.1, deadline - time.monotonic()))
-        # Code servers and run workers are its children, in its process group.
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-
-
-def _keep_for_diagnosis(home: Path, logs: dict[str, Path], sandbox_log: str) -> Path:
-    target = ARTIFACTS / "failed"
-    shutil.rmtree(target, ignore_errors=True)
-    target.mkdir(parents=True)
-    for name, log in logs.items():
-        if log.exists():
-            shutil.copy(log, target / f"{name}.log")
-    (target / "sandbox.log").write_text(sandbox_log)
-    if home.exists():  # dagster.yaml, and each run's compute logs under storage/
-        shutil.copytree(home, target / "dagster_home")
-    return target
-
-
-def _drop_database(server: str, name: str) -> None:
-    with psycopg.connect(server, autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
 @pytest.fixture(scope="module")
 def ui(warehouse_url: str, tmp_path_factory: pytest.TempPathFactory, request) -> Iterator[Ui]:
-    started = time.monotonic()
     failures_before = request.session.testsfailed
-    workdir = tmp_path_factory.mktemp("ui")
-    home = workdir / "dagster_home"
-    logs = {name: workdir / f"{name}.log" for name in ("webserver", "daemon")}
-    processes: dict[str, subprocess.Popen] = {}
-    http = requests.Session()
-    ok = False
-    shutil.rmtree(ARTIFACTS / "failed", ignore_errors=True)
-    with contextlib.ExitStack() as stack, pytest.MonkeyPatch.context() as env:
-        sandbox = stack.enter_context(SandboxProcess([STORE]))
-        try:
-            with psycopg.connect(warehouse_url) as conn:
-                register(conn, TENANT, STORE.account, history_start=STORE.history_start)
-            # Never the user's ~/.cdp/dagster: prepare_dagster_home uses a DAGSTER_HOME
-            # that is set, and writes the platform's dagster.yaml there when it has none.
-            env.setenv("DAGSTER_HOME", str(home))
-            env.setenv("CDP_DAGSTER_PG_URL", "")  # restored after; set by prepare_dagster_home
-            prepare_dagster_home(warehouse_url)
-            # Dagster's storage in a database of its own: runs other tests left unfinished in
-            # the session's (SIGKILLed workers, queued runs) would hold the queue's slots.
-            storage_db = f"cdp_ui_{uuid.uuid4().hex[:8]}"
-            server = with_database(warehouse_url, "postgres")
-            with psycopg.connect(server, autocommit=True) as admin:
-                admin.execute(f'CREATE DATABASE "{storage_db}"')
-            stack.callback(_drop_database, server, storage_db)
-            env.setenv(
-                "CDP_DAGSTER_PG_URL", sqlalchemy_url(with_database(warehouse_url, storage_db))
-            )
-            env.setenv("VTEX_BASE_URL_TEMPLATE", sandbox.base_url + "/{account}")
-            env.setenv("VTEX_REQUESTS_PER_SECOND", "5000")
-            # Here, before any server starts: creating Dagster's tables and parsing dbt's
-            # manifest must not race between the webserver's and the daemon's code servers.
-            with dg.DagsterInstance.get() as instance:
-                assert type(instance.run_coordinator).__name__ == "QueuedRunCoordinator"
-                apply_pool_limits(instance)
-                instance.add_dynamic_partitions(tenants.name, [TENANT])
-            ensure_manifest()
-            children_env = {**os.environ, "DATABASE_URL": warehouse_url}
-            port = free_port()
-            ui = Ui(f"http://127.0.0.1:{port}", sandbox, home, processes, logs, http)
-            workspace = ["-w", str(ROOT / "workspace.yaml")]
-            processes["webserver"] = _start(
-                [str(BIN / "dagster-webserver"), *workspace, "-h", "127.0.0.1", "-p", str(port)],
-                children_env,
-                logs["webserver"],
-            )
-            _wait_until_serving(ui)
-            stopped = _stop_instigators(ui)
-            daemon = [str(BIN / "dagster-daemon"), "run", *workspace]
-            processes["daemon"] = _start(daemon, children_env, logs["daemon"])
-            print(
-                f"\nwebserver on {ui.url} after {time.monotonic() - started:.1f} s;"
-                f" toggled off {', '.join(stopped)}"
-            )
-            yield ui
-            ok = request.session.testsfailed == failures_before
-        finally:
-            _stop(processes)
-            http.close()
-            if not ok:
-                kept = _keep_for_diagnosis(home, logs, sandbox._output())
-                print(f"\nwebserver/daemon logs and DAGSTER_HOME kept in {kept}")
-
-
-def _rows(conn: psycopg.Connection, sql: str, *params: Any) -> list[tuple]:
-    return conn.execute(sql, params).fetchall()
-
-
-def _stored_keys(conn: psycopg.Connection, entity: str, key: str) -> set[str]:
-    sql = f"SELECT {key} FROM raw_vtex.{entity} WHERE tenant_id = %s"
-    return {k for (k,) in _rows(conn, sql, TENANT)}
+    with SandboxProcess([STORE]) as sandbox:
+        with psycopg.connect(warehouse_url) as conn:
+            register(conn, TENANT, STORE.account, history_start=STORE.history_start)
+        with running_ui(
+            warehouse_url,
+            tmp_path_factory.mktemp("ui"),
+            sandbox,
+            [TENANT],
+            artifacts=ARTIFACTS,
+            test_failed=lambda: request.session.testsfailed != failures_before,
+        ) as running:
+            yield running
 
 
 def _order_month(order: dict[str, Any]) -> str:
@@ -630,7 +334,7 @@ def test_a_partition_backfill_launched_like_the_ui_syncs_those_months(ui: Ui, co
         for order in ui.sandbox.export(STORE.account, "orders")
         if not order["malformed"] and _order_month(order) in BACKFILL_MONTHS
     }
-    stored = _stored_keys(conn, "orders", "order_id")
+    stored = stored_keys(conn, TENANT, "orders")
     assert truth
     assert stored == truth, f"{len(stored)} orders stored, {len(truth)} in those months"
 
@@ -664,12 +368,8 @@ def test_a_tenant_sync_launched_like_the_ui_lands_the_whole_catalog(ui: Ui, conn
     print(f"\nvtex_tenant_sync run: {time.monotonic() - started:.1f} s from launch to SUCCESS")
 
     for entity in ("products", "skus", "customers"):
-        truth = {
-            str(record["key"])
-            for record in ui.sandbox.export(STORE.account, entity)
-            if not record["malformed"]
-        }
-        stored = _stored_keys(conn, entity, TABLES[entity][0])
+        truth = served_keys(ui.sandbox, STORE.account, entity)
+        stored = stored_keys(conn, TENANT, entity)
         assert truth, entity
         assert stored == truth, f"{entity}: {len(stored)} stored, {len(truth)} in the store"
 
