@@ -74,6 +74,13 @@ def sync(
                 "tags": tenant_month_range_tags(tenant_id, first, last),
                 "run_config": {"ops": {"vtex_orders": {"config": {"full_refresh": full_refresh}}}},
             }
+        elif entity == "customers":
+            run = {
+                "partition_key": tenant_id,
+                "run_config": {
+                    "ops": {"vtex_customers": {"config": {"full_refresh": full_refresh}}}
+                },
+            }
         else:
             run = {"partition_key": tenant_id}
         results[entity] = dg.materialize(

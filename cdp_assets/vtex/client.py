@@ -8,6 +8,7 @@ Retries use exponential backoff with full jitter and honour `Retry-After` on 429
 from __future__ import annotations
 
 import email.utils
+import os
 import random
 import threading
 import time
@@ -183,6 +184,15 @@ class VtexClient:
             session.mount("http://", adapter)
             session.mount("https://", adapter)
             session.headers.update(self._headers)
+            # The environment (proxies, CA bundle) is read once, here: with trust_env on,
+            # requests looks for ~/.netrc and re-reads the proxy variables on every call,
+            # a fifth of the client's CPU in a profile of a full-history order sync.
+            proxies = requests.utils.get_environ_proxies(self.base_url)
+            session.proxies.update({k: v for k, v in proxies.items() if k != "no"})
+            session.verify = (
+                os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("CURL_CA_BUNDLE") or True
+            )
+            session.trust_env = False
             self._local.session = session
         return session
 
