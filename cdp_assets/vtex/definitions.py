@@ -7,7 +7,7 @@ from cdp_assets.vtex.assets import (
     vtex_products,
     vtex_skus,
 )
-from cdp_assets.vtex.checks import orders_raw_match_staging, raw_rows_checks
+from cdp_assets.vtex.checks import raw_rows_checks
 from cdp_assets.vtex.feed_defs import (
     vtex_orders_feed,
     vtex_orders_feed_sensor,
@@ -28,7 +28,7 @@ def defs() -> dg.Definitions:
             vtex_product_collections,
             vtex_orders_feed,
         ],
-        asset_checks=[*raw_rows_checks, orders_raw_match_staging],
+        asset_checks=raw_rows_checks,
         jobs=[vtex_tenant_sync, vtex_orders_sync, vtex_orders_feed_sync],
         schedules=[vtex_orders_twice_daily, vtex_catalog_daily],
         sensors=[vtex_orders_feed_sensor],

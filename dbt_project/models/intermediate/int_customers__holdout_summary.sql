@@ -1,12 +1,3 @@
-{{
-    config(
-        materialized='incremental',
-        incremental_strategy='delete+insert',
-        unique_key='tenant_id',
-        pre_hook="{{ delete_tenant_rows() }}",
-    )
-}}
-
 -- The purchase summary as of the churn holdout's calibration date (var as_of minus var
 -- churn_holdout_days): what the bands would have been told then, for marts.churn_holdout.
 {{ purchase_summary(holdout_calibration_date()) }}

@@ -5,10 +5,12 @@
 -- int_identity__customer_keys links records that share a key into one customer.
 with orders as (
     select * from {{ ref('stg_vtex__orders') }}
+    where {{ tenant_filter() }}
 ),
 
 master_data as (
     select * from {{ ref('stg_vtex__customers') }}
+    where {{ tenant_filter() }}
 ),
 
 tenants as (

@@ -4,6 +4,7 @@
 -- customer yet and appears with the tenant's next run.
 with orders as (
     select * from {{ ref('stg_vtex__orders') }}
+    where {{ tenant_filter() }}
 ),
 
 customer_keys as (

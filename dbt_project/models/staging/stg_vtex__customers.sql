@@ -1,6 +1,7 @@
 -- One row per Master Data CL document: the customer's own profile, with the real e-mail.
 with customers as (
     select * from {{ source('raw_vtex', 'customers') }}
+    where {{ tenant_filter() }}
 )
 
 select

@@ -1,6 +1,7 @@
 -- One row per order line (items[] of the Get-order document), prices from cents to units.
 with orders as (
     select * from {{ source('raw_vtex', 'orders') }}
+    where {{ tenant_filter() }}
 ),
 
 items as (
@@ -11,8 +12,10 @@ items as (
         (item.ordinality - 1)::integer as item_index,
         item.value as item
     from orders
+    -- One read of the large compressed document (see stg_vtex__orders).
+    cross join lateral jsonb_to_record(orders.payload) as document (items jsonb)
     cross join lateral jsonb_array_elements(
-        case when jsonb_typeof(orders.payload -> 'items') = 'array' then orders.payload -> 'items' else '[]'::jsonb end
+        case when jsonb_typeof(document.items) = 'array' then document.items else '[]'::jsonb end
     ) with ordinality as item (value, ordinality)
 )
 

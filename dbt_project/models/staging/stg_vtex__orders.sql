@@ -1,37 +1,59 @@
 -- One row per order: the Get-order document flattened, money from integer cents to units.
 with orders as (
     select * from {{ source('raw_vtex', 'orders') }}
+    where {{ tenant_filter() }}
+),
+
+-- The document's top-level fields in one read: a raw order is a large compressed (TOASTed)
+-- value, and every `payload -> key` would decompress all of it again (a million orders:
+-- 110 s with a read per field, 20 s with one).
+documents as (
+    select
+        orders.tenant_id,
+        orders.order_id,
+        orders.creation_date,
+        orders.change_stamp,
+        document.status,
+        document.value,
+        document."clientProfileData" as profile,
+        document."storePreferencesData" as store_preferences,
+        document.items
+    from orders
+    cross join lateral jsonb_to_record(orders.payload) as document (
+        status text,
+        value jsonb,
+        "clientProfileData" jsonb,
+        "storePreferencesData" jsonb,
+        items jsonb
+    )
 ),
 
 renamed as (
     select
         tenant_id,
         order_id,
-        payload ->> 'status' as status,
+        status,
         -- creation_date / change_stamp are the landed copies of creationDate / lastChange,
         -- already timestamptz (VTEX's 7 fractional digits rounded to microseconds).
         creation_date as created_at,
         change_stamp as last_change_at,
         -- A value that is not a JSON number (the landing rejects those) becomes NULL
-        -- instead of failing the whole view.
+        -- instead of failing the whole model.
         case
-            when jsonb_typeof(payload -> 'value') = 'number'
-                then ((payload ->> 'value')::numeric / 100)::numeric(18, 2)
+            when jsonb_typeof(value) = 'number'
+                then ((value #>> '{}')::numeric / 100)::numeric(18, 2)
         end as order_total,
-        payload -> 'storePreferencesData' ->> 'currencyCode' as currency_code,
-        nullif(payload -> 'clientProfileData' ->> 'userProfileId', '') as user_profile_id,
+        store_preferences ->> 'currencyCode' as currency_code,
+        nullif(profile ->> 'userProfileId', '') as user_profile_id,
         -- Usually a Conversation Tracker alias, not the real address: see normalize_email.
-        payload -> 'clientProfileData' ->> 'email' as order_email_raw,
-        payload -> 'clientProfileData' ->> 'document' as document,
-        payload -> 'clientProfileData' ->> 'documentType' as document_type,
-        payload -> 'clientProfileData' ->> 'phone' as phone_raw,
-        payload -> 'clientProfileData' ->> 'firstName' as first_name,
-        payload -> 'clientProfileData' ->> 'lastName' as last_name,
-        case
-            when jsonb_typeof(payload -> 'items') = 'array' then jsonb_array_length(payload -> 'items')
-            else 0
-        end as item_count
-    from orders
+        profile ->> 'email' as order_email_raw,
+        profile ->> 'document' as document,
+        profile ->> 'documentType' as document_type,
+        profile ->> 'phone' as phone_raw,
+        profile ->> 'firstName' as first_name,
+        profile ->> 'lastName' as last_name,
+        case when jsonb_typeof(items) = 'array' then jsonb_array_length(items) else 0 end as item_count
+    from documents
 )
 
 select
