@@ -25,8 +25,8 @@ def prepare_dagster_home(warehouse_url: str) -> Path:
     return home
 
 
-# Every tenant's dbt run rebuilds the shared staging and intermediate views, so dbt runs
-# one at a time; API pools are per account in spirit, and the default limit covers them.
+# Every tenant's dbt run recreates the shared staging views (and replaces its rows of the
+# shared tables), so dbt runs one at a time; API pools are per account in spirit, and the default limit covers them.
 POOL_LIMITS = {"dbt": 1}
 
 
