@@ -26,7 +26,8 @@ def prepare_dagster_home(warehouse_url: str) -> Path:
 
 
 # Every tenant's dbt run recreates the shared staging views (and replaces its rows of the
-# shared tables), so dbt runs one at a time; API pools are per account in spirit, and the default limit covers them.
+# shared tables), so dbt runs one at a time; API pools are per account in spirit, and the
+# default limit covers them.
 POOL_LIMITS = {"dbt": 1}
 
 

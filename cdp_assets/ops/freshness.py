@@ -23,6 +23,7 @@ FRESHNESS: dict[str, timedelta] = {
     "vtex_customers": DAILY,
     "dbt_tenant_models": DAILY,
     "customer_predictions": DAILY,
+    "holdout_predictions": DAILY,
     "dbt_tenant_scoring": DAILY,
     "meta_custom_audiences": ACTIVATION,
     "google_customer_match": ACTIVATION,

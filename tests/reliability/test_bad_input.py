@@ -20,6 +20,7 @@ import json
 import os
 import re
 import subprocess
+import tempfile
 import threading
 import unicodedata
 from collections.abc import Callable, Iterator
@@ -27,6 +28,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import dagster as dg
@@ -391,13 +393,27 @@ BASES = {
     "customers": BASE_CUSTOMER,
 }
 # What must read every landed row without error: staging, and the identity records that
-# run the normalization macros over e-mails, phones and documents.
+# run the normalization macros over e-mails, phones and documents. Read through views of the
+# models' compiled SQL (schema READ_SCHEMA), so each example's rows go through exactly the SQL
+# dbt runs without a dbt build per example.
+READ_SCHEMA = "bad_input_read"
 READERS = {
-    "orders": ["staging.stg_vtex__orders", "staging.stg_vtex__order_items"],
-    "products": ["staging.stg_vtex__products"],
-    "skus": ["staging.stg_vtex__skus"],
-    "customers": ["staging.stg_vtex__customers"],
+    "orders": [f"{READ_SCHEMA}.stg_vtex__orders", f"{READ_SCHEMA}.stg_vtex__order_items"],
+    "products": [f"{READ_SCHEMA}.stg_vtex__products"],
+    "skus": [f"{READ_SCHEMA}.stg_vtex__skus"],
+    "customers": [f"{READ_SCHEMA}.stg_vtex__customers"],
 }
+READ_MODELS = (
+    "staging/stg_vtex__orders",
+    "staging/stg_vtex__order_items",
+    "staging/stg_vtex__products",
+    "staging/stg_vtex__skus",
+    "staging/stg_vtex__customers",
+    "staging/stg_cdp__tenants",
+    "intermediate/int_identity__records",
+)
+# A compiled reference to another model: "<database>"."<schema>"."<model>".
+COMPILED_REF = re.compile(r'"[^"]+"\."(?:staging|intermediate)"\."(\w+)"')
 KEY_COLUMNS = {
     "orders": "order_id",
     "products": "product_id",
@@ -409,11 +425,30 @@ E164 = re.compile(r"\+[1-9][0-9]{7,14}")
 
 @pytest.fixture(scope="module")
 def staged(warehouse_url: str) -> Iterator[psycopg.Connection]:
-    """The staging views and identity records built, a tenant to land into; its connection."""
+    """Views of the staging and identity-record models' SQL, a tenant to land into; its
+    connection."""
     with psycopg.connect(warehouse_url) as conn:
         add_tenant(conn, Tenant(TENANT, "badinput", "BAD_INPUT_KEY", "BAD_INPUT_TOKEN"))
         conn.commit()
-        run_dbt(warehouse_url, "run", "--select", "path:models/staging", "int_identity__records")
+        target = Path(tempfile.mkdtemp(prefix="bad-input-dbt-"))
+        selection = [f"path:models/{model}.sql" for model in READ_MODELS]
+        run_dbt(
+            warehouse_url,
+            "compile",
+            "--select",
+            *selection,
+            "--vars",
+            json.dumps({"tenant_id": TENANT}),
+            "--target-path",
+            str(target),
+        )
+        conn.execute(f"CREATE SCHEMA IF NOT EXISTS {READ_SCHEMA}")
+        for model in READ_MODELS:
+            sql = (target / "compiled" / "cdp" / "models" / f"{model}.sql").read_text()
+            sql = COMPILED_REF.sub(lambda m: f'{READ_SCHEMA}."{m.group(1)}"', sql)
+            name = model.split("/")[1]
+            conn.execute(f"CREATE OR REPLACE VIEW {READ_SCHEMA}.{name} AS {sql}")
+        conn.commit()
         yield conn
 
 
@@ -460,7 +495,7 @@ def test_any_vtex_document_lands_or_is_quarantined_and_staging_reads_it(staged, 
         distinct_rejects = {(r.natural_key, r.raw_text) for r in rejects}
         identities = conn.execute(
             "SELECT email_normalized, phone_e164, document_normalized"
-            " FROM intermediate.int_identity__records WHERE tenant_id = %s",
+            f" FROM {READ_SCHEMA}.int_identity__records WHERE tenant_id = %s",
             (TENANT,),
         ).fetchall()
         with tally(DOCUMENTS) as row:
