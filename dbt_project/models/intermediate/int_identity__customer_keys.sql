@@ -2,11 +2,13 @@
 -- e-mail, document with its type, E.164 phone) are one customer, transitively: A-B through
 -- an e-mail and B-C through a phone make A, B and C one customer.
 --
--- Connected components of the bipartite record-key graph, found with a recursive CTE: from
--- every record, walk record -> key -> record ... and collect every node reached (UNION, not
--- UNION ALL, drops nodes already reached, so the walk stops once nothing new turns up).
--- Work is the sum of squared component sizes: fine because components are a handful of
--- records, which the hub-key guard below keeps true.
+-- Connected components of the bipartite record-key graph, by minimum-label propagation in a
+-- recursive CTE: every record starts labelled with its own id; each round, the nodes next
+-- to those whose label changed in the previous round take the smallest label among them.
+-- The smallest record id of a component reaches every node of it in as many rounds as the
+-- component is wide. A node only gets the smallest label of its changed neighbours in a
+-- round (one or two over the whole walk in practice), so the work follows the number of
+-- edges, not the squared component sizes of walking every path from every record.
 --
 -- customer_key = md5(tenant_id || '|' || smallest record_id of the component): it changes
 -- only when the component itself changes (two customers merge, or a record with a smaller
@@ -53,35 +55,43 @@ linking_keys as (
         and record_keys.identity_key = usable_keys.identity_key
 ),
 
--- Both directions of every record-key edge, so that one equi-join walks the graph.
+-- Both directions of every record-key edge. Record ids ('cl:', 'profile:', 'order:') and
+-- keys ('email:', 'phone:', ...) never share a prefix, so one text column holds both.
 graph_edges as (
-    select tenant_id, 'record' as from_type, record_id as from_node, 'key' as to_type, identity_key as to_node
+    select tenant_id, record_id as from_node, identity_key as to_node
     from linking_keys
     union all
-    select tenant_id, 'key', identity_key, 'record', record_id
+    select tenant_id, identity_key, record_id
     from linking_keys
 ),
 
-reachable (tenant_id, record_id, node_type, node) as (
-    select tenant_id, record_id, 'record'::text, record_id
+-- (node, label): each label a node was offered as the smallest of its changed neighbours'
+-- in some round; UNION drops pairs seen before, which ends the walk. collate "C": byte
+-- order, so the smallest id does not depend on the database's locale.
+labels (tenant_id, node, label) as (
+    select tenant_id, record_id, record_id collate "C"
     from records
     union
-    select reachable.tenant_id, reachable.record_id, graph_edges.to_type, graph_edges.to_node
-    from reachable
+    select distinct
+        graph_edges.tenant_id,
+        graph_edges.to_node,
+        min(labels.label) over (partition by graph_edges.tenant_id, graph_edges.to_node)
+    from labels
     inner join graph_edges
-        on reachable.tenant_id = graph_edges.tenant_id
-        and reachable.node_type = graph_edges.from_type
-        and reachable.node = graph_edges.from_node
+        on labels.tenant_id = graph_edges.tenant_id
+        and labels.node = graph_edges.from_node
 ),
 
 components as (
     select
-        tenant_id,
-        record_id,
-        -- collate "C": byte order, so the anchor does not depend on the database's locale.
-        min(node collate "C") filter (where node_type = 'record') as anchor_record_id
-    from reachable
-    group by tenant_id, record_id
+        records.tenant_id,
+        records.record_id,
+        min(labels.label) as anchor_record_id
+    from records
+    inner join labels
+        on records.tenant_id = labels.tenant_id
+        and records.record_id = labels.node
+    group by records.tenant_id, records.record_id
 )
 
 select
