@@ -9,6 +9,7 @@ from datetime import date
 import dagster as dg
 import pytest
 import requests
+from psycopg.types.json import Jsonb
 from support import (
     assert_bands_rank_repurchase,
     dbt_build,
@@ -201,6 +202,54 @@ def test_refreshing_one_tenant_leaves_the_others_untouched(analytics, conn, inst
     before = fingerprint()
     refresh_tenant(instance, "an_tiny")
     assert fingerprint() == before
+
+
+def test_a_refresh_parses_only_the_documents_that_landed_since(analytics, conn, instance):
+    """Staging re-parses a raw order when it lands again (its synced_at moves), and leaves
+    alone one whose document changed without landing: proof that the rest is not re-read."""
+    landed, untouched = (
+        order_id
+        for (order_id,) in conn.execute(
+            "SELECT order_id FROM raw_vtex.orders WHERE tenant_id = 'an_tiny'"
+            " ORDER BY order_id LIMIT 2"
+        )
+    )
+    staged_sql = """
+        SELECT o.currency_code, o.landed_at, i.quantity
+          FROM staging.stg_vtex__orders o
+          JOIN staging.stg_vtex__order_items i USING (tenant_id, order_id)
+         WHERE o.tenant_id = 'an_tiny' AND o.order_id = %s AND i.item_index = 0
+    """
+    untouched_before = conn.execute(staged_sql, (untouched,)).fetchone()
+    edit = """
+        UPDATE raw_vtex.orders
+           SET payload = jsonb_set(jsonb_set(payload, '{storePreferencesData,currencyCode}',
+                                             to_jsonb(%(currency)s::text)),
+                                   '{items,0,quantity}', '97'){landing}
+         WHERE tenant_id = 'an_tiny' AND order_id = %(order_id)s
+     RETURNING synced_at
+    """
+    (landed_at,) = conn.execute(
+        edit.replace("{landing}", ", synced_at = clock_timestamp()"),
+        {"currency": "XTS", "order_id": landed},
+    ).fetchone()
+    original = conn.execute(
+        "SELECT payload FROM raw_vtex.orders WHERE tenant_id = 'an_tiny' AND order_id = %s",
+        (untouched,),
+    ).fetchone()
+    conn.execute(edit.replace("{landing}", ""), {"currency": "XXX", "order_id": untouched})
+    conn.commit()
+    try:
+        assert refresh_tenant(instance, "an_tiny").success
+        conn.commit()  # a fresh snapshot
+        assert conn.execute(staged_sql, (landed,)).fetchone() == ("XTS", landed_at, 97)
+        assert conn.execute(staged_sql, (untouched,)).fetchone() == untouched_before
+    finally:
+        conn.execute(
+            "UPDATE raw_vtex.orders SET payload = %s WHERE tenant_id = 'an_tiny' AND order_id = %s",
+            (Jsonb(original[0]), untouched),
+        )
+        conn.commit()
 
 
 def test_one_run_over_several_tenants_matches_their_own_runs(analytics, conn, instance):

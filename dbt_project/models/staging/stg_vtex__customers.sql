@@ -1,7 +1,8 @@
 -- One row per Master Data CL document: the customer's own profile, with the real e-mail.
 with customers as (
-    select * from {{ source('raw_vtex', 'customers') }}
-    where {{ tenant_filter() }}
+    select * from {{ source('raw_vtex', 'customers') }} as raw_customers
+    where {{ tenant_filter('raw_customers.tenant_id') }}
+        and {{ landed_since_staged('raw_customers', 'customer_id') }}
 )
 
 select
@@ -18,5 +19,6 @@ select
     case when jsonb_typeof(payload -> 'isNewsletterOptIn') = 'boolean'
         then (payload ->> 'isNewsletterOptIn')::boolean end as is_newsletter_opt_in,
     (payload ->> 'createdIn')::timestamptz as created_at,
-    (payload ->> 'updatedIn')::timestamptz as updated_at
+    (payload ->> 'updatedIn')::timestamptz as updated_at,
+    synced_at as landed_at
 from customers

@@ -1,13 +1,15 @@
 -- One row per order line (items[] of the Get-order document), prices from cents to units.
 with orders as (
-    select * from {{ source('raw_vtex', 'orders') }}
-    where {{ tenant_filter() }}
+    select * from {{ source('raw_vtex', 'orders') }} as raw_orders
+    where {{ tenant_filter('raw_orders.tenant_id') }}
+        and {{ landed_since_staged('raw_orders', 'order_id') }}
 ),
 
 items as (
     select
         orders.tenant_id,
         orders.order_id,
+        orders.synced_at,
         -- 0-based, like VTEX's itemIndex in shippingData.logisticsInfo.
         (item.ordinality - 1)::integer as item_index,
         item.value as item
@@ -28,5 +30,6 @@ select
     (item ->> 'quantity')::integer as quantity,
     ((item ->> 'price')::numeric / 100)::numeric(18, 2) as unit_price,
     ((item ->> 'sellingPrice')::numeric / 100)::numeric(18, 2) as selling_price,
-    ((item ->> 'sellingPrice')::numeric * (item ->> 'quantity')::numeric / 100)::numeric(18, 2) as line_total
+    ((item ->> 'sellingPrice')::numeric * (item ->> 'quantity')::numeric / 100)::numeric(18, 2) as line_total,
+    synced_at as landed_at
 from items

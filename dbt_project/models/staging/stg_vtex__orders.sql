@@ -1,7 +1,8 @@
 -- One row per order: the Get-order document flattened, money from integer cents to units.
 with orders as (
-    select * from {{ source('raw_vtex', 'orders') }}
-    where {{ tenant_filter() }}
+    select * from {{ source('raw_vtex', 'orders') }} as raw_orders
+    where {{ tenant_filter('raw_orders.tenant_id') }}
+        and {{ landed_since_staged('raw_orders', 'order_id') }}
 ),
 
 -- The document's top-level fields in one read: a raw order is a large compressed (TOASTed)
@@ -13,6 +14,7 @@ documents as (
         orders.order_id,
         orders.creation_date,
         orders.change_stamp,
+        orders.synced_at,
         document.status,
         document.value,
         document."clientProfileData" as profile,
@@ -37,6 +39,7 @@ renamed as (
         -- already timestamptz (VTEX's 7 fractional digits rounded to microseconds).
         creation_date as created_at,
         change_stamp as last_change_at,
+        synced_at as landed_at,
         -- A value that is not a JSON number (the landing rejects those) becomes NULL
         -- instead of failing the whole model.
         case
@@ -63,6 +66,7 @@ select
     {{ is_purchase_status('status') }} as is_purchase,
     created_at,
     last_change_at,
+    landed_at,
     (created_at at time zone 'UTC')::date as order_date,
     order_total,
     currency_code,
