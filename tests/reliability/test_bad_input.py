@@ -439,6 +439,8 @@ def staged(warehouse_url: str) -> Iterator[psycopg.Connection]:
             *selection,
             "--vars",
             json.dumps({"tenant_id": TENANT}),
+            # The SQL of a first build: every landed row, not only those staged tables lack.
+            "--full-refresh",
             "--target-path",
             str(target),
         )
