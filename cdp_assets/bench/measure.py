@@ -75,6 +75,7 @@ class ChildPeak:
         self._thread.join()
 
     def _watch(self) -> None:
+        own_command = Path("/proc/self/cmdline").read_bytes()
         while not self._stop.wait(self.interval):
             for pid in _descendants(os.getpid()):
                 try:
@@ -82,7 +83,9 @@ class ChildPeak:
                     command = Path(f"/proc/{pid}/cmdline").read_bytes()
                 except OSError:  # it exited meanwhile
                     continue
-                if b"cdp_assets.sandbox" in command:
+                # A child caught between fork and exec still maps this process's pages
+                # (seen: a 659 MB "child" during activation, which runs no dbt).
+                if b"cdp_assets.sandbox" in command or command == own_command:
                     continue
                 match = re.search(r"^VmHWM:\s+(\d+) kB", status, re.MULTILINE)
                 if match:
