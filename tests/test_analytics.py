@@ -3,6 +3,7 @@ and on to the activation assets."""
 
 from __future__ import annotations
 
+import json
 import os
 from datetime import date
 
@@ -190,6 +191,25 @@ def test_dbt_unit_tests_pass(analytics, warehouse_url):
     phone normalization, churn bands), which scheduled runs skip."""
     output = run_dbt(warehouse_url, "test", "--select", "test_type:unit")
     assert "ERROR=0" in output and "PASS=0" not in output
+
+
+def test_dbt_sessions_run_without_jit_and_keep_the_users_own_options(
+    analytics, warehouse_url, monkeypatch
+):
+    monkeypatch.setenv("PGOPTIONS", "-c statement_timeout=123456")
+    output = run_dbt(
+        warehouse_url,
+        "show",
+        "--inline",
+        "select current_setting('jit') as jit, current_setting('work_mem') as work_mem,"
+        " current_setting('statement_timeout') as statement_timeout",
+        "--output",
+        "json",
+        "--log-format",
+        "text",
+    )
+    shown = json.loads(output[output.index("{") : output.rindex("}") + 1])["show"]
+    assert shown == [{"jit": "off", "work_mem": "64MB", "statement_timeout": "123456ms"}]
 
 
 def test_refreshing_one_tenant_leaves_the_others_untouched(analytics, conn, instance):
