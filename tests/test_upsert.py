@@ -92,3 +92,17 @@ def test_each_landed_batch_is_durable_even_inside_an_open_transaction(conn, ware
         land(conn, ORDERS, tenant, records(), "run-1", Landing())
     with psycopg.connect(warehouse_url) as other:
         assert len(stored(other, tenant)) == BATCH_SIZE
+
+
+def test_landed_documents_keep_the_raw_tables_compression(conn):
+    """Raw documents are LZ4-compressed where the server has LZ4 (migration 0008)."""
+    (lz4_available,) = conn.execute(
+        "SELECT 'lz4' = ANY(enumvals) FROM pg_settings WHERE name = 'default_toast_compression'"
+    ).fetchone()
+    big = {"orderId": "big-01", "items": [{"id": str(i), "name": f"item {i}"} for i in range(400)]}
+    upsert_documents(conn, ORDERS, "upsert_lz4", [("big-01", T0, T0, as_json(big))])
+    (compression,) = conn.execute(
+        "SELECT pg_column_compression(payload) FROM raw_vtex.orders"
+        " WHERE tenant_id = 'upsert_lz4' AND order_id = 'big-01'"
+    ).fetchone()
+    assert compression == ("lz4" if lz4_available else "pglz")

@@ -43,7 +43,7 @@ DROP SCHEMA IF EXISTS {SCHEMA} CASCADE;
 CREATE SCHEMA {SCHEMA};
 CREATE TABLE {SCHEMA}.orders_ours (LIKE raw_vtex.orders INCLUDING ALL);
 CREATE TABLE {SCHEMA}.orders_row_by_row (LIKE raw_vtex.orders INCLUDING ALL);
-CREATE TABLE {SCHEMA}.orders_copy (LIKE raw_vtex.orders INCLUDING DEFAULTS);
+CREATE TABLE {SCHEMA}.orders_copy (LIKE raw_vtex.orders INCLUDING DEFAULTS INCLUDING COMPRESSION);
 """
 # The old workers' statement: one upsert per row, the same rule as ours (newer stamp wins).
 OLD_UPSERT = f"""

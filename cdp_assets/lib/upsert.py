@@ -58,7 +58,10 @@ def upsert_documents(
     updatable = [c for c in cols if c not in ("tenant_id", table.key_column)]
     conn.execute(
         sql.SQL(
-            "CREATE TEMP TABLE IF NOT EXISTS {incoming} (LIKE {target} INCLUDING DEFAULTS)"
+            # With the target's compression: COPY compresses each large document into this
+            # table, with LZ4 where the raw tables use it (migration 0008), not pglz.
+            "CREATE TEMP TABLE IF NOT EXISTS {incoming}"
+            " (LIKE {target} INCLUDING DEFAULTS INCLUDING COMPRESSION)"
         ).format(incoming=sql.Identifier(f"incoming_{table.name}"), target=table.qualified)
     )
     incoming = sql.Identifier(f"incoming_{table.name}")
