@@ -25,7 +25,7 @@ from cdp_assets.activation.destinations import Destination, add_audience, add_de
 from cdp_assets.activation.triggers import changed_audiences
 from cdp_assets.analytics.assets import dbt_audiences, dbt_tenant_models, dbt_tenant_scoring
 from cdp_assets.analytics.checks import audience_sizes_within_bounds
-from cdp_assets.analytics.dbt_project import dbt_resource
+from cdp_assets.analytics.dbt_project import DBT_PROJECT_DIR, dbt_resource
 from cdp_assets.analytics.prediction_assets import customer_predictions, holdout_predictions
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.meta.assets import meta_custom_audiences
@@ -222,6 +222,18 @@ def test_refreshing_one_tenant_leaves_the_others_untouched(analytics, conn, inst
     before = fingerprint()
     refresh_tenant(instance, "an_tiny")
     assert fingerprint() == before
+
+
+def test_a_refresh_reuses_the_last_parse_of_the_project(analytics, instance):
+    """A run's tenants and date reach dbt in an env var, not `--vars` (which make dbt parse the
+    whole project again), and each run keeps its parse for the next."""
+    result = refresh_tenant(instance, "an_tiny")
+    logs = list((DBT_PROJECT_DIR / "target").glob(f"*-{result.run_id[:7]}-*/dbt.log"))
+    assert len(logs) == 2  # the models before the fits, and the scoring after them
+    for log in logs:
+        text = log.read_text()
+        assert "Unable to do partial parsing" not in text
+        assert "Partial parsing enabled" in text
 
 
 def test_a_refresh_parses_only_the_documents_that_landed_since(analytics, conn, instance):

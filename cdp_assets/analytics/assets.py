@@ -14,6 +14,7 @@ from cdp_assets.analytics.dbt_project import (
     dbt_connection_env,
     dbt_project,
     ensure_manifest,
+    keep_parse,
     translator,
 )
 from cdp_assets.lib.warehouse import WarehouseResource, migrated_url
@@ -21,6 +22,8 @@ from cdp_assets.partitions import tenants
 from cdp_assets.tenants.registry import SLUG
 
 MANIFEST = ensure_manifest()
+# Read by macro run_var.
+RUN_VARS_ENV = "CDP_DBT_RUN_VARS"
 # Models by folder; their tests come by (cautious) indirect selection, so a test declared
 # in a folder's YAML runs only with the asset that builds all of the models it reads.
 TENANT_MODELS = " ".join(
@@ -34,7 +37,7 @@ AUDIENCE_MODELS = "path:models/audiences,resource_type:model"
 
 
 def dbt_vars(tenant_ids: Sequence[str] | None) -> str:
-    """`--vars` for some tenants (or all), as of today in UTC."""
+    """The run's vars (macro `run_var`) for some tenants (or all), as of today in UTC."""
     values: dict = {"as_of": datetime.now(UTC).date().isoformat()}
     if tenant_ids is not None:
         for tenant_id in tenant_ids:
@@ -56,19 +59,21 @@ def _run_dbt(
     context: dg.AssetExecutionContext, dbt: DbtCliResource, tenant_ids: Sequence[str] | None
 ):
     os.environ.update(dbt_connection_env(migrated_url()))
+    # Not `--vars`: dbt re-parses the whole project whenever those change (see run_var).
+    os.environ[RUN_VARS_ENV] = dbt_vars(tenant_ids)
     # Cautious: a test joining a model of another asset (churn_risk -> customers) runs with
     # the asset that holds all its parents, not with the first one to build.
     # Unit tests check the SQL, not the data: CI and analysts run them, scheduled runs need not.
     args = [
         "build",
-        "--vars",
-        dbt_vars(tenant_ids),
         "--indirect-selection",
         "cautious",
         "--exclude-resource-type",
         "unit_test",
     ]
-    yield from dbt.cli(args, context=context).stream()
+    invocation = dbt.cli(args, context=context)
+    yield from invocation.stream()
+    keep_parse(invocation.target_path)
 
 
 SEGMENT_SIZES_SQL = """

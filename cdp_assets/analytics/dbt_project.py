@@ -2,7 +2,9 @@
 become Dagster assets."""
 
 import os
+import shutil
 import sys
+import uuid
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -43,6 +45,23 @@ def ensure_manifest() -> Path:
         os.environ.setdefault("DO_NOT_TRACK", "1")
         dbt_resource().cli(["parse", "--quiet"], target_path=dbt_project.target_path).wait()
     return manifest
+
+
+PARTIAL_PARSE = "partial_parse.msgpack"
+
+
+def keep_parse(invocation_target: Path) -> None:
+    """Make an invocation's parse the project's. dagster-dbt gives each invocation a fresh
+    target folder and copies the project's parse into it, so dbt re-reads only the files that
+    changed since: about 5 s of start-up instead of 10 s for a full parse. Replaced atomically,
+    as concurrent runs may finish together."""
+    parsed = invocation_target / PARTIAL_PARSE
+    if not parsed.exists():
+        return
+    kept = dbt_project.project_dir / dbt_project.target_path / PARTIAL_PARSE
+    incoming = kept.with_name(f".{PARTIAL_PARSE}.{uuid.uuid4().hex}")
+    shutil.copyfile(parsed, incoming)
+    os.replace(incoming, kept)
 
 
 # Settings of dbt's sessions. JIT: the planner over-estimates the recursive and JSONB-heavy

@@ -47,7 +47,6 @@ from activation_support import (
     set_members,
 )
 from click.testing import CliRunner
-from dbt.clients.yaml_helper import load_yaml_text
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from psycopg.types.json import Jsonb
@@ -60,7 +59,7 @@ from cdp_assets.activation.destinations import (
     add_audience,
     add_destination,
 )
-from cdp_assets.analytics.assets import dbt_vars
+from cdp_assets.analytics.assets import RUN_VARS_ENV, dbt_vars
 from cdp_assets.analytics.dbt_project import DBT_EXECUTABLE, DBT_PROJECT_DIR, dbt_connection_env
 from cdp_assets.cli import main
 from cdp_assets.google.assets import google_customer_match
@@ -845,8 +844,8 @@ def test_collection_rules_refuse_hostile_params_before_any_query(staged, profile
 
 
 def test_dbt_vars_refuse_a_hostile_tenant_id_and_carry_a_slug_verbatim():
-    """dbt parses `--vars` as YAML: a slug comes back exactly (no way to smuggle another
-    var or YAML structure in); anything else is refused before dbt starts."""
+    """The run's vars reach dbt as JSON (macro run_var): a slug comes back exactly (no way to
+    smuggle another var or structure in); anything else is refused before dbt starts."""
 
     @settings(max_examples=300, derandomize=True, database=None, deadline=None)
     @given(st.one_of(any_text, st.from_regex(SLUG, fullmatch=True)))
@@ -859,13 +858,14 @@ def test_dbt_vars_refuse_a_hostile_tenant_id_and_carry_a_slug_verbatim():
             with tally(CONFIG) as row:
                 row.hostile += 1
             return
-        parsed = load_yaml_text(dbt_vars([tenant_id]))
+        parsed = json.loads(dbt_vars([tenant_id]))
         assert parsed["tenant_id"] == [tenant_id] and set(parsed) == {"tenant_id", "as_of"}
 
     with tally(CONFIG):
         check()
 
 
+@pytest.mark.parametrize("passed_as", ["--vars", RUN_VARS_ENV])
 @pytest.mark.parametrize(
     "tenant_id",
     [
@@ -873,17 +873,24 @@ def test_dbt_vars_refuse_a_hostile_tenant_id_and_carry_a_slug_verbatim():
         pytest.param("acme\n", id="newline", marks=pytest.mark.long),
     ],
 )
-def test_dbt_refuses_a_hostile_tenant_var_before_running_sql(staged, warehouse_url, tenant_id):
-    """What an analyst may type (`cdp dbt build --vars ...`): the macros refuse it."""
+def test_dbt_refuses_a_hostile_tenant_var_before_running_sql(
+    staged, warehouse_url, tenant_id, passed_as
+):
+    """What an analyst may type (`cdp dbt build --vars ...`), or a run's vars as Dagster passes
+    them (in an env var): the macros refuse it."""
     env = {**os.environ, **dbt_connection_env(warehouse_url), "DO_NOT_TRACK": "1"}
+    run_vars = json.dumps({"tenant_id": tenant_id})
+    if passed_as == RUN_VARS_ENV:
+        env[RUN_VARS_ENV], vars_args = run_vars, []
+    else:
+        vars_args = ["--vars", run_vars]
     done = subprocess.run(
         [
             DBT_EXECUTABLE,
             "compile",
             "--select",
             "int_identity__customer_keys",
-            "--vars",
-            json.dumps({"tenant_id": tenant_id}),
+            *vars_args,
             "--profiles-dir",
             str(DBT_PROJECT_DIR),
             "--project-dir",
