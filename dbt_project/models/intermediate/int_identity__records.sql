@@ -57,14 +57,7 @@ order_identities as (
         order_contacts.first_seen_at,
         order_contacts.last_seen_at,
         order_contacts.user_profile_id,
-        order_contacts.email_raw,
-        {{ normalize_email('order_contacts.email_raw') }} as email_normalized,
-        {{ normalize_document('order_contacts.document') }} as document_normalized,
-        lower(nullif(trim(order_contacts.document_type), '')) as document_type,
-        order_contacts.phone_raw,
-        {{ normalize_phone_e164('order_contacts.phone_raw', 'tenants.calling_code') }} as phone_e164,
-        nullif(trim(order_contacts.first_name), '') as first_name,
-        nullif(trim(order_contacts.last_name), '') as last_name
+        {{ normalized_contact_columns('order_contacts') }}
     from order_contacts
     left join tenants on order_contacts.tenant_id = tenants.tenant_id
 ),
@@ -103,14 +96,7 @@ master_data_records as (
         master_data.customer_id as source_id,
         -- CL userId is the userProfileId on the customer's orders.
         master_data.user_id as user_profile_id,
-        master_data.email_raw,
-        {{ normalize_email('master_data.email_raw') }} as email_normalized,
-        {{ normalize_document('master_data.document') }} as document_normalized,
-        lower(nullif(trim(master_data.document_type), '')) as document_type,
-        master_data.phone_raw,
-        {{ normalize_phone_e164('master_data.phone_raw', 'tenants.calling_code') }} as phone_e164,
-        nullif(trim(master_data.first_name), '') as first_name,
-        nullif(trim(master_data.last_name), '') as last_name,
+        {{ normalized_contact_columns('master_data') }},
         master_data.is_newsletter_opt_in,
         master_data.created_at as first_seen_at,
         coalesce(master_data.updated_at, master_data.created_at) as last_seen_at
