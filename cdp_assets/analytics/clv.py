@@ -257,11 +257,15 @@ def expected_purchases(
     fit does not land on exactly.
     """
     t, x, t_x, T = _floats(t, x, t_x, T)
+    return _purchases_if_alive(params, t, x, T) * probability_alive(params, x, t_x, T)
+
+
+def _purchases_if_alive(params: BgNbdParams, t: FloatArray, x: FloatArray, T: FloatArray):
+    """E[Y(t) | x, T, alive at T]: eq. (10) without its P(alive), which t_x enters only."""
     r, alpha, a, b = params.r, params.alpha, params.a, params.b
     z = t / (alpha + T + t)
     c = a + b + x - 1
-    unconditional = c / (a - 1) * (1 - (1 - z) ** (a - 1) * hyp2f1(a + b - 1 - r, a - 1, c, z))
-    return unconditional * expit(-_log_odds_dead(params, x, t_x, T))
+    return c / (a - 1) * (1 - (1 - z) ** (a - 1) * hyp2f1(a + b - 1 - r, a - 1, c, z))
 
 
 def expected_purchases_new(params: BgNbdParams, t: ArrayLike) -> FloatArray:
@@ -435,19 +439,24 @@ def customer_lifetime_value(
     if not months or min(months) < 1:
         raise ValueError("months must be a non-empty list of horizons >= 1")
     x, t_x, T, m_x = _floats(x, t_x, T, m_x)
-    spend = expected_spend(gamma_gamma, x, m_x)
+    # E[Y(t)] = E[Y(t) | alive] · P(alive), and the first depends on (x, T) only: customers
+    # share far fewer of those pairs than they are (whole days, small counts), so the 2F1 of
+    # every month runs once per pair, not once per customer.
+    pairs, customer_pair = np.unique(np.column_stack([x, T]), axis=0, return_inverse=True)
+    pair_x, pair_T = pairs[:, 0], pairs[:, 1]
     step = days_per_month / time_unit_days
     monthly_factor = 1 / (1 + annual_discount_rate) ** (1 / 12)
-    value = np.zeros_like(x)
-    previous = np.zeros_like(x)
+    discounted = np.zeros_like(pair_x)  # Σ_k (E[Y(kΔ) | alive] − E[Y((k−1)Δ) | alive]) / (1+d)^k
+    previous = np.zeros_like(pair_x)
     by_month: dict[int, FloatArray] = {}
     for k in range(1, max(months) + 1):
-        purchases = expected_purchases(bgnbd, k * step, x, t_x, T)
-        value += spend * (purchases - previous) * monthly_factor**k
+        purchases = _purchases_if_alive(bgnbd, np.full_like(pair_x, k * step), pair_x, pair_T)
+        discounted += (purchases - previous) * monthly_factor**k
         previous = purchases
         if k in months:
-            by_month[k] = value.copy()
-    return {m: by_month[m] for m in months}
+            by_month[k] = discounted.copy()
+    per_customer = expected_spend(gamma_gamma, x, m_x) * probability_alive(bgnbd, x, t_x, T)
+    return {m: per_customer * by_month[m][customer_pair.ravel()] for m in months}
 
 
 # --- Inputs and fallback --------------------------------------------------------------------

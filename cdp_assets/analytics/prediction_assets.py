@@ -125,27 +125,38 @@ def _fits_table(fitted: list[tuple[str, int, Predictions]]) -> str:
 def _copy_predictions(
     conn, table: str, tenant_id, as_of, keys, x, t_x, T, m_x, result: Predictions
 ) -> None:
-    columns = (
+    columns_sql = (
         "tenant_id, customer_key, as_of, frequency_x, recency_t_x_days, age_t_days,"
         " mean_repeat_spend, p_alive, p_no_purchase_90d, expected_purchases_1y,"
         " expected_purchases_3y, expected_purchases_5y, clv_1y, clv_3y, clv_5y, model"
     )
     purchases, value = result.expected_purchases, result.clv
-    with conn.cursor().copy(f"COPY {table} ({columns}) FROM STDIN") as copy:
-        for i, key in enumerate(keys):
+    # Whole columns to Python values at once (tolist runs in C), not numpy indexing per value.
+    whole_days = [a.astype(np.int64).tolist() for a in (x, t_x, T)]
+    fractions = [result.p_alive, result.p_no_purchase_90d, *(purchases[m] for m in HORIZON_MONTHS)]
+    money = [m_x, *(value[m] for m in HORIZON_MONTHS)]
+    columns = zip(
+        keys,
+        *whole_days,
+        *(a.tolist() for a in fractions),
+        *([round(v, 2) for v in a.tolist()] for a in money),
+        strict=True,
+    )
+    with conn.cursor().copy(f"COPY {table} ({columns_sql}) FROM STDIN") as copy:
+        for key, x_i, t_x_i, T_i, *estimates, spend, clv_1y, clv_3y, clv_5y in columns:
             copy.write_row(
                 (
                     tenant_id,
                     key,
                     as_of,
-                    int(x[i]),
-                    int(t_x[i]),
-                    int(T[i]),
-                    round(m_x[i], 2),
-                    float(result.p_alive[i]),
-                    float(result.p_no_purchase_90d[i]),
-                    *(float(purchases[m][i]) for m in HORIZON_MONTHS),
-                    *(round(float(value[m][i]), 2) for m in HORIZON_MONTHS),
+                    x_i,
+                    t_x_i,
+                    T_i,
+                    spend,
+                    *estimates,
+                    clv_1y,
+                    clv_3y,
+                    clv_5y,
                     result.model,
                 )
             )
