@@ -19,7 +19,7 @@ from typing import Any
 
 import psycopg
 
-from cdp_assets.bench.environment import open_bench
+from cdp_assets.bench.environment import RUN_WORKERS, open_bench
 from cdp_assets.bench.pipeline import run_activation, run_analytics, run_increment, run_ingestion
 from cdp_assets.bench.report import consistency_checks, judge_targets, write_report
 from cdp_assets.bench.scales import SCALES, Scale
@@ -42,6 +42,7 @@ def _environment(url: str) -> dict[str, Any]:
         "python": platform.python_version(),
         "platform": platform.platform(),
         "cpus": os.cpu_count(),
+        "run_workers": RUN_WORKERS,
         "load_average_start": _load_average(),
         "postgres_version": server_version,
         "connection": describe_connection(url),

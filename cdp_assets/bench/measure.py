@@ -13,7 +13,7 @@ import resource
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,10 +55,11 @@ def peak_rss_mb() -> float:
 
 
 class ChildPeak:
-    """The largest VmHWM of this process's descendants (dbt and its threads' subprocesses),
-    sampled while a stage runs. getrusage(RUSAGE_CHILDREN) cannot serve: a child forked from
-    this process counts this process's pages until it execs. The VTEX sandbox is not a run's
-    child and is left out."""
+    """The largest VmHWM of this process's descendants (the run workers and the dbt processes
+    they start), sampled while a stage runs; each one's high-water mark is reset first, so a
+    worker's peak in an earlier stage does not count. getrusage(RUSAGE_CHILDREN) cannot
+    serve: a child forked from a process counts that process's pages until it execs. The VTEX
+    sandbox is not a run's process and is left out."""
 
     def __init__(self, interval: float = 0.25) -> None:
         self.interval = interval
@@ -67,6 +68,9 @@ class ChildPeak:
         self._thread = threading.Thread(target=self._watch, name="bench-child-rss", daemon=True)
 
     def __enter__(self) -> ChildPeak:
+        for pid in _descendants(os.getpid()):
+            with suppress(OSError):  # exited meanwhile, or no clear_refs
+                Path(f"/proc/{pid}/clear_refs").write_text("5")
         self._thread.start()
         return self
 

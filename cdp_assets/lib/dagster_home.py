@@ -27,11 +27,18 @@ def prepare_dagster_home(warehouse_url: str) -> Path:
 
 # Every tenant's dbt run recreates the shared staging views (and replaces its rows of the
 # shared tables), so dbt runs one at a time; API pools are per account in spirit, and the
-# default limit covers them.
+# instance's default limit covers them.
 POOL_LIMITS = {"dbt": 1}
+DEFAULT_LIMIT_POOLS = ("vtex_api", "meta_api", "google_api")
 
 
 def apply_pool_limits(instance) -> None:
-    """Set the platform's pool limits on an instance (idempotent)."""
+    """Create the platform's pools on an instance, with their limits (idempotent).
+
+    Left to Dagster, a pool is created by its first claim, and two runs claiming a new pool
+    at the same moment fail on Postgres (Dagster 1.13.27): the losing INSERT's unique
+    violation aborts the transaction in which it then tries an UPDATE."""
     for pool, limit in POOL_LIMITS.items():
         instance.event_log_storage.set_concurrency_slots(pool, limit)
+    for pool in DEFAULT_LIMIT_POOLS:
+        instance.event_log_storage.initialize_concurrency_limit_to_default(pool)
