@@ -3,8 +3,8 @@ in its own process, the Meta and Google sandboxes, and the scale's tenants regis
 
 Runs go through `execute_in_process` on that instance, as `cdp demo` does: the same jobs,
 assets, resources and run storage as production. Each run executes in a run worker process,
-RUN_WORKERS at a time, as production's run queue runs them (up to 4 at once, each in a
-process of its own); the workers load the definitions once, before any stage starts.
+RUN_WORKERS at a time, as the platform's run queue runs several at once, each in a process of
+its own; the workers load the definitions once, before any stage starts.
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ META_TOKEN = "bench-meta-token"  # what the Meta sandbox accepts; not a real sec
 META_TOKEN_REF = "CDP_BENCH_META_TOKEN"
 # Dagster's per-event console lines would drown the benchmark's own progress.
 QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
-# Production's instance runs up to 4 runs at once (lib/dagster.yaml); more workers than cores
-# would only measure the machine's contention.
+# The run queue runs up to 4 runs at once in `cdp dev` (lib/dagster.yaml) and 12 in a deployment
+# (deploy/dagster.yaml); more workers than cores would only measure the machine's contention.
 RUN_WORKERS = max(1, min(4, os.cpu_count() or 1))
 _STEP_EVENTS = {
     dg.DagsterEventType.STEP_START,
@@ -100,9 +100,9 @@ class RunRequest:
 
 
 def _start_worker(log_path: str) -> None:
-    """A run worker: dbt's progress (printed on stdout) to the bench log, the definitions and
-    the instance loaded once."""
-    sys.stdout = open(log_path, "a", buffering=1)  # noqa: SIM115 (the worker's whole life)
+    """A run worker: dbt's progress (printed on stdout) and Python's warnings to the bench
+    log, the definitions and the instance loaded once."""
+    sys.stdout = sys.stderr = open(log_path, "a", buffering=1)  # noqa: SIM115 (its whole life)
     _worker_instance()
 
 
