@@ -109,6 +109,21 @@ def migrate() -> None:
 
 
 @main.command()
+def pools() -> None:
+    """Create the platform's pools on the Dagster instance of DAGSTER_HOME, with their limits
+    (dbt one at a time, the API pools at the instance's default). Once per deployment."""
+    import dagster as dg
+
+    from cdp_assets.lib.dagster_home import DEFAULT_LIMIT_POOLS, POOL_LIMITS, apply_pool_limits
+
+    with dg.DagsterInstance.get() as instance:
+        apply_pool_limits(instance)
+        for pool in [*POOL_LIMITS, *DEFAULT_LIMIT_POOLS]:
+            limit = instance.event_log_storage.get_concurrency_info(pool).slot_count
+            click.echo(f"pool {pool}: {limit} at once")
+
+
+@main.command()
 @click.option(
     "--check",
     is_flag=True,

@@ -14,6 +14,7 @@ def test_every_command_has_help():
         ["tenants", "list", "--help"],
         ["tenants", "deactivate", "--help"],
         ["migrate", "--help"],
+        ["pools", "--help"],
         ["destinations", "--help"],
         ["destinations", "add", "--help"],
         ["destinations", "history", "--help"],
@@ -103,3 +104,27 @@ def test_a_destination_without_its_credential_reference_is_refused(warehouse_url
     )
     assert result.exit_code != 0
     assert "is not an environment variable" in result.output
+
+
+def test_pools_creates_every_pool_before_its_first_claim(warehouse_url, tmp_path, monkeypatch):
+    """Left to Dagster, a pool is created by its first claim, and two runs claiming a new one
+    at once fail on Postgres; `cdp pools` creates them all up front."""
+    import dagster as dg
+
+    from cdp_assets.lib.dagster_home import DEFAULT_LIMIT_POOLS, prepare_dagster_home
+
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path))
+    monkeypatch.setenv("CDP_DAGSTER_PG_URL", "")  # restored after prepare_dagster_home sets it
+    prepare_dagster_home(warehouse_url)  # the platform's dagster.yaml: a default limit of 4
+    result = CliRunner().invoke(main, ["pools"])
+    assert result.exit_code == 0, result.output
+    assert "pool dbt: 1 at once" in result.output
+    with dg.DagsterInstance.get() as instance:
+        storage = instance.event_log_storage
+        try:
+            for pool in DEFAULT_LIMIT_POOLS:
+                assert storage.get_concurrency_info(pool).slot_count == 4, pool
+                assert f"pool {pool}: 4 at once" in result.output
+        finally:  # the other tests' instance has no default limit
+            for pool in DEFAULT_LIMIT_POOLS:
+                storage.delete_concurrency_limit(pool)
