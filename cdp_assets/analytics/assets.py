@@ -59,8 +59,6 @@ def _run_dbt(
     context: dg.AssetExecutionContext, dbt: DbtCliResource, tenant_ids: Sequence[str] | None
 ):
     os.environ.update(dbt_connection_env(migrated_url()))
-    # Not `--vars`: dbt re-parses the whole project whenever those change (see run_var).
-    os.environ[RUN_VARS_ENV] = dbt_vars(tenant_ids)
     # Cautious: a test joining a model of another asset (churn_risk -> customers) runs with
     # the asset that holds all its parents, not with the first one to build.
     # Unit tests check the SQL, not the data: CI and analysts run them, scheduled runs need not.
@@ -71,7 +69,18 @@ def _run_dbt(
         "--exclude-resource-type",
         "unit_test",
     ]
-    invocation = dbt.cli(args, context=context)
+    # Not `--vars`: dbt re-parses the whole project whenever those change (see run_var). Only
+    # this invocation's environment holds them: a later dbt command of this process (a unit
+    # test overriding tenant_id with null, say) must not inherit this run's tenants.
+    previous = os.environ.get(RUN_VARS_ENV)
+    os.environ[RUN_VARS_ENV] = dbt_vars(tenant_ids)
+    try:
+        invocation = dbt.cli(args, context=context)  # the dbt process starts here
+    finally:
+        if previous is None:
+            del os.environ[RUN_VARS_ENV]
+        else:
+            os.environ[RUN_VARS_ENV] = previous
     yield from invocation.stream()
     keep_parse(invocation.target_path)
 
