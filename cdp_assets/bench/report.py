@@ -460,8 +460,8 @@ def render_summary(reports: list[dict[str, Any]]) -> str:
         "# Benchmark results",
         "",
         "Written by `cdp bench --scale small|seed|large` (see the README, Benchmarks). Every"
-        " stage runs the platform's own Dagster jobs in process against the loopback"
-        " sandboxes; numbers vary with the machine and its load.",
+        " stage runs the platform's own Dagster jobs, each run in a run worker process,"
+        " against the loopback sandboxes; numbers vary with the machine and its load.",
         "",
     ]
     for report in reports:
