@@ -1,11 +1,12 @@
 """Shared fixtures: a fresh database on the platform's Postgres, a Dagster instance stored in
-it, and the VTEX sandbox in its own process."""
+it, and the VTEX sandbox in its own process; and how test files share the xdist workers."""
 
 from __future__ import annotations
 
 import os
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import dagster as dg
 import psycopg
@@ -13,6 +14,46 @@ import pytest
 
 from cdp_assets.lib.database import database_url, sqlalchemy_url, with_database
 from cdp_assets.lib.warehouse import migrated_url
+
+# The suite waits mostly on processes (Dagster runs, dbt, sandboxes), so it runs on two xdist
+# workers (`-n 2` in pyproject.toml). A worker takes a test file whole, so the file's module
+# fixtures are built once; files that share a session fixture go to one worker together. The
+# longest files are handed out first, so the workers finish together.
+SAME_WORKER = {  # file -> the session fixture it shares
+    "test_tenant_isolation.py": "shared_pipeline",
+    "test_secrets_and_pii.py": "shared_pipeline",
+}
+LONGEST_FIRST = (
+    "test_bench.py",
+    "test_tenant_isolation.py",
+    "test_secrets_and_pii.py",
+    "test_analytics.py",
+    "test_ui.py",
+    "test_automation.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        name = item.path.name
+        return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
+
+    items.sort(key=rank)  # stable: a file's tests keep their order
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FileScheduling(LoadScopeScheduling):
+        """xdist's `loadfile`, with the files of SAME_WORKER grouped, in collection order."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return SAME_WORKER.get(Path(path).name, path)
+
+    config.option.loadscopereorder = False  # keep LONGEST_FIRST's order
+    return FileScheduling(config, log)
 
 
 @pytest.fixture(scope="session")

@@ -17,6 +17,7 @@ from dagster_dbt import (
     DbtCliResource,
     DbtProject,
 )
+from filelock import FileLock
 
 from cdp_assets.analytics.automation import ANALYTICS_AUTOMATION
 
@@ -33,7 +34,9 @@ def dbt_resource() -> DbtCliResource:
 
 def ensure_manifest() -> Path:
     """Parse the project when its manifest is missing or older than any project file, so the
-    code location, tests and CLI always load the models as they are on disk."""
+    code location, tests and CLI always load the models as they are on disk. Processes that
+    load the definitions together (webserver, daemon, test workers) parse one at a time: dbt
+    writes the manifest in place, and a reader must never see half of it."""
     manifest = dbt_project.manifest_path
     sources = [
         p
@@ -41,9 +44,11 @@ def ensure_manifest() -> Path:
         if p.is_file() and not {"target", "logs"} & set(p.relative_to(DBT_PROJECT_DIR).parts)
     ]
     newest = max(p.stat().st_mtime for p in sources)
-    if not manifest.exists() or manifest.stat().st_mtime < newest:
-        os.environ.setdefault("DO_NOT_TRACK", "1")
-        dbt_resource().cli(["parse", "--quiet"], target_path=dbt_project.target_path).wait()
+    manifest.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(manifest.with_name(".parse.lock")):
+        if not manifest.exists() or manifest.stat().st_mtime < newest:
+            os.environ.setdefault("DO_NOT_TRACK", "1")
+            dbt_resource().cli(["parse", "--quiet"], target_path=dbt_project.target_path).wait()
     return manifest
 
 

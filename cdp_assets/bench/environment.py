@@ -89,7 +89,6 @@ def _numeric_metadata(result: dg.ExecuteInProcessResult) -> dict[str, dict[str, 
     return by_asset
 
 
-@dataclass
 @dataclass(frozen=True)
 class RunRequest:
     job_name: str
@@ -144,8 +143,8 @@ class Runner:
     workers: ProcessPoolExecutor
     records: list[RunRecord] = field(default_factory=list)
 
-    def run(self, job_name: str, label: str, **request: object) -> RunRecord:
-        return self.run_all([RunRequest(job_name, label, **request)])[0]  # type: ignore[arg-type]
+    def run(self, request: RunRequest) -> RunRecord:
+        return self.run_all([request])[0]
 
     def run_all(self, requests: Sequence[RunRequest]) -> list[RunRecord]:
         """The runs, RUN_WORKERS at a time, in the order given (put the longest first)."""

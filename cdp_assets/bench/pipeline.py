@@ -237,13 +237,15 @@ def _refresh_analytics(bench: Bench, watch: Stopwatch, runs: list[RunRecord]) ->
     with watch.part("tenant_refresh"):
         runs.append(
             bench.runner.run(
-                ANALYTICS_JOB,
-                "all tenants",
-                tags={RANGE_START_TAG: keys[0], RANGE_END_TAG: keys[-1]},
+                RunRequest(
+                    ANALYTICS_JOB,
+                    "all tenants",
+                    tags={RANGE_START_TAG: keys[0], RANGE_END_TAG: keys[-1]},
+                )
             )
         )
     with watch.part("audiences_refresh"):
-        runs.append(bench.runner.run(AUDIENCES_JOB, "all tenants"))
+        runs.append(bench.runner.run(RunRequest(AUDIENCES_JOB, "all tenants")))
 
 
 def run_analytics(bench: Bench) -> StageResult:
@@ -445,11 +447,12 @@ def run_increment(bench: Bench) -> StageResult:
         with watch.part("orders_sync"):
             runs += bench.runner.run_all(
                 [
-                    RunRequest(ORDERS_SYNC_JOB, key, partition_key=key)
-                    for key in (
-                        str(request.partition_key)
-                        for request in order_sync_requests(tenant_rows, datetime.now(UTC))
+                    RunRequest(
+                        ORDERS_SYNC_JOB,
+                        str(sync.partition_key),
+                        partition_key=str(sync.partition_key),
                     )
+                    for sync in order_sync_requests(tenant_rows, datetime.now(UTC))
                 ]
             )
         _refresh_analytics(bench, watch, runs)

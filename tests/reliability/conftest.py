@@ -44,6 +44,7 @@ class Report:
 
 
 _report = Report()
+ROWS_KEY = "reliability_rows"
 
 
 @pytest.fixture(scope="session")
@@ -51,7 +52,16 @@ def reliability_report() -> Report:
     return _report
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:  # noqa: ANN001 (xdist's hook: a worker is done)
+    """On xdist, each worker hands its rows to the controller, which writes the one report."""
+    _report.rows.extend(node.workeroutput.get(ROWS_KEY, []))
+
+
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    if _report.rows:
+    worker_output = getattr(session.config, "workeroutput", None)
+    if worker_output is not None:
+        worker_output[ROWS_KEY] = _report.rows
+    elif _report.rows:
         REPORT.parent.mkdir(parents=True, exist_ok=True)
         REPORT.write_text(json.dumps(_report.rows, indent=2))
