@@ -1,5 +1,5 @@
 """Shared fixtures: a fresh database on the platform's Postgres, a Dagster instance stored in
-it, and the VTEX sandbox in its own process; and how test files share the xdist workers."""
+it, and the reliability report; and how test files share the xdist workers."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 import dagster as dg
 import psycopg
 import pytest
+from reliability_report import Report
 
 from cdp_assets.lib.database import database_url, sqlalchemy_url, with_database
 from cdp_assets.lib.warehouse import migrated_url
@@ -54,6 +55,29 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
 
     config.option.loadscopereorder = False  # keep LONGEST_FIRST's order
     return FileScheduling(config, log)
+
+
+_reliability = Report()
+RELIABILITY_ROWS = "reliability_rows"  # a worker's rows, in its output to the controller
+
+
+@pytest.fixture(scope="session")
+def reliability_report() -> Report:
+    return _reliability
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:  # noqa: ANN001 (xdist's hook: a worker is done)
+    """Each worker hands its rows to the controller, which writes the one report."""
+    _reliability.rows.extend(node.workeroutput.get(RELIABILITY_ROWS, []))
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    worker_output = getattr(session.config, "workeroutput", None)
+    if worker_output is not None:
+        worker_output[RELIABILITY_ROWS] = _reliability.rows
+    else:
+        _reliability.write()
 
 
 @pytest.fixture(scope="session")

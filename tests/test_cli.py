@@ -128,3 +128,12 @@ def test_pools_creates_every_pool_before_its_first_claim(warehouse_url, tmp_path
         finally:  # the other tests' instance has no default limit
             for pool in DEFAULT_LIMIT_POOLS:
                 storage.delete_concurrency_limit(pool)
+
+
+def test_every_pool_an_asset_claims_is_one_cdp_pools_creates():
+    from cdp_assets.definitions import defs
+    from cdp_assets.lib.dagster_home import DEFAULT_LIMIT_POOLS, POOL_LIMITS
+
+    assets_defs = defs.resolve_asset_graph().assets_defs
+    claimed = {a.op.pool for a in assets_defs if a.is_executable and a.op.pool is not None}
+    assert claimed == {*POOL_LIMITS, *DEFAULT_LIMIT_POOLS}

@@ -17,6 +17,7 @@ from cdp_assets.analytics.dbt_project import (
     keep_parse,
     translator,
 )
+from cdp_assets.lib.dagster_home import DBT_POOL
 from cdp_assets.lib.warehouse import WarehouseResource, migrated_url
 from cdp_assets.partitions import tenants
 from cdp_assets.tenants.registry import SLUG
@@ -123,7 +124,7 @@ _tenant_dbt = {
     # A backfill of many tenants is one run and one dbt build for all of them: dbt's start-up
     # and per-model overhead is paid once, and the set-based SQL covers every tenant.
     "backfill_policy": dg.BackfillPolicy.single_run(),
-    "pool": "dbt",
+    "pool": DBT_POOL,
 }
 
 
@@ -196,7 +197,7 @@ def dbt_tenant_scoring(context: dg.AssetExecutionContext, dbt: DbtCliResource):
     project=dbt_project,
     select=AUDIENCE_MODELS,
     dagster_dbt_translator=translator,
-    pool="dbt",
+    pool=DBT_POOL,
 )
 def dbt_audiences(context: dg.AssetExecutionContext, dbt: DbtCliResource):
     """Audience materialized views over every tenant, refreshed concurrently."""

@@ -6,6 +6,7 @@ from cdp_assets.activation.identifiers import google_row
 from cdp_assets.activation.run import ActivationConfig, activate_audiences
 from cdp_assets.analytics.assets import dbt_audiences
 from cdp_assets.google.resources import GoogleResource
+from cdp_assets.lib.dagster_home import GOOGLE_API_POOL
 from cdp_assets.lib.retries import ACTIVATION_RETRY
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.partitions import tenants
@@ -16,7 +17,7 @@ from cdp_assets.partitions import tenants
     deps=[dbt_audiences],
     group_name="activation",
     kinds={"googleads", "python"},
-    pool="google_api",
+    pool=GOOGLE_API_POOL,
     retry_policy=ACTIVATION_RETRY,
     metadata={"dagster/table_name": "cdp.activation_runs"},
 )

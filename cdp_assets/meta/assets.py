@@ -5,6 +5,7 @@ import dagster as dg
 from cdp_assets.activation.identifiers import meta_row
 from cdp_assets.activation.run import ActivationConfig, activate_audiences
 from cdp_assets.analytics.assets import dbt_audiences
+from cdp_assets.lib.dagster_home import META_API_POOL
 from cdp_assets.lib.retries import ACTIVATION_RETRY
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.meta.resources import MetaResource
@@ -16,7 +17,7 @@ from cdp_assets.partitions import tenants
     deps=[dbt_audiences],
     group_name="activation",
     kinds={"meta", "python"},
-    pool="meta_api",
+    pool=META_API_POOL,
     retry_policy=ACTIVATION_RETRY,
     metadata={"dagster/table_name": "cdp.activation_runs"},
 )

@@ -9,6 +9,7 @@ import psycopg
 from cdp_assets.activation.destinations import DestinationAudience
 from cdp_assets.activation.run import ActivationConfig, activate
 from cdp_assets.analytics.assets import dbt_audiences, dbt_tenant_models
+from cdp_assets.lib.dagster_home import VTEX_API_POOL
 from cdp_assets.lib.retries import ACTIVATION_RETRY, retry_transient
 from cdp_assets.lib.sync_state import get_cursor, set_cursor
 from cdp_assets.lib.warehouse import WarehouseResource
@@ -64,7 +65,7 @@ def _table_metadata(table: RawTable) -> dict:
     group_name=GROUP,
     partitions_def=tenant_months,
     backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=24),
-    pool="vtex_api",
+    pool=VTEX_API_POOL,
     kinds={"python", "postgres"},
     metadata={"dagster/table_name": "raw_vtex.orders"},
     tags={"domain": "orders"},
@@ -129,7 +130,7 @@ def _whole_tenant_asset(name: str, table: RawTable, description: str):
         group_name=GROUP,
         partitions_def=tenants,
         backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=1),
-        pool="vtex_api",
+        pool=VTEX_API_POOL,
         kinds={"python", "postgres"},
         metadata=_table_metadata(table),
         description=description,
@@ -161,7 +162,7 @@ vtex_skus = _whole_tenant_asset(
     group_name=GROUP,
     partitions_def=tenants,
     backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=1),
-    pool="vtex_api",
+    pool=VTEX_API_POOL,
     kinds={"python", "postgres"},
     metadata=_table_metadata(CUSTOMERS),
 )
@@ -189,7 +190,7 @@ def vtex_customers(
     deps=[dbt_audiences, dbt_tenant_models],
     group_name="activation",
     kinds={"vtex", "python"},
-    pool="vtex_api",
+    pool=VTEX_API_POOL,
     retry_policy=ACTIVATION_RETRY,
     metadata={"dagster/table_name": "cdp.activation_runs"},
 )

@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import dagster as dg
 
+from cdp_assets.lib.dagster_home import VTEX_API_POOL
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.partitions import tenants
 from cdp_assets.tenants.registry import get_tenant
@@ -35,7 +36,7 @@ class FeedDrainConfig(dg.Config):
 @dg.asset(
     group_name="vtex",
     partitions_def=tenants,
-    pool="vtex_api",
+    pool=VTEX_API_POOL,
     kinds={"python", "postgres"},
     metadata={"dagster/table_name": "raw_vtex.orders"},
     tags={"domain": "orders"},

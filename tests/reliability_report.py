@@ -1,6 +1,6 @@
-"""The reliability suite's report: each scenario records what it injected and checked.
+"""The reliability suite's report: each scenario of tests/reliability records what it
+injected and checked; `cdp reliability` prints the table from the JSON written at the end.
 
-`cdp reliability` runs this folder and prints the table from the JSON written here.
 Long randomized scenarios carry the `long` marker: CI runs the fixed-seed subset
 (`-m "not long"`), `cdp reliability --full` runs everything.
 """
@@ -11,8 +11,7 @@ import json
 import os
 from pathlib import Path
 
-import pytest
-
+# Set by `cdp reliability` (cdp_assets.reliability.REPORT_ENV).
 REPORT = Path(os.environ.get("CDP_RELIABILITY_REPORT", "bench/results/reliability.json"))
 
 
@@ -42,26 +41,8 @@ class Report:
             }
         )
 
-
-_report = Report()
-ROWS_KEY = "reliability_rows"
-
-
-@pytest.fixture(scope="session")
-def reliability_report() -> Report:
-    return _report
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_testnodedown(node, error) -> None:  # noqa: ANN001 (xdist's hook: a worker is done)
-    """On xdist, each worker hands its rows to the controller, which writes the one report."""
-    _report.rows.extend(node.workeroutput.get(ROWS_KEY, []))
-
-
-def pytest_sessionfinish(session: pytest.Session) -> None:
-    worker_output = getattr(session.config, "workeroutput", None)
-    if worker_output is not None:
-        worker_output[ROWS_KEY] = _report.rows
-    elif _report.rows:
-        REPORT.parent.mkdir(parents=True, exist_ok=True)
-        REPORT.write_text(json.dumps(_report.rows, indent=2))
+    def write(self) -> None:
+        """The JSON report, when some scenario ran."""
+        if self.rows:
+            REPORT.parent.mkdir(parents=True, exist_ok=True)
+            REPORT.write_text(json.dumps(self.rows, indent=2))
