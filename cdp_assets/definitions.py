@@ -36,7 +36,7 @@ def build_definitions() -> dg.Definitions:
             google_defs(),
             activation_defs(),
             ops_defs(),
-            # Dagster's default executor, or Celery workers when CDP_EXECUTOR=celery.
+            # Dagster's default executor forking from a forkserver, or Celery (CDP_EXECUTOR=celery).
             dg.Definitions(
                 resources={"warehouse": WarehouseResource()}, executor=executor_from_env()
             ),

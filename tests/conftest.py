@@ -13,6 +13,7 @@ import psycopg
 import pytest
 from reliability_report import Report
 
+from cdp_assets.lib.dagster_storage import storage_config
 from cdp_assets.lib.database import database_url, sqlalchemy_url, with_database
 from cdp_assets.lib.warehouse import migrated_url
 
@@ -104,7 +105,7 @@ def conn(warehouse_url: str) -> Iterator[psycopg.Connection]:
 def instance(warehouse_url: str) -> Iterator[dg.DagsterInstance]:
     """A Dagster instance whose run and event storage is the test database."""
     overrides = {
-        "storage": {"postgres": {"postgres_url": sqlalchemy_url(warehouse_url)}},
+        "storage": storage_config(sqlalchemy_url(warehouse_url)),
         "telemetry": {"enabled": False},
     }
     with dg.instance_for_test(overrides=overrides) as test_instance:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import subprocess
 from datetime import date
 
 import dagster as dg
@@ -25,7 +27,7 @@ from cdp_assets.activation.destinations import Destination, add_audience, add_de
 from cdp_assets.activation.triggers import changed_audiences
 from cdp_assets.analytics.assets import dbt_audiences, dbt_tenant_models, dbt_tenant_scoring
 from cdp_assets.analytics.checks import audience_sizes_within_bounds
-from cdp_assets.analytics.dbt_project import DBT_PROJECT_DIR, dbt_resource
+from cdp_assets.analytics.dbt_project import DBT_EXECUTABLE, DBT_PROJECT_DIR, dbt_resource
 from cdp_assets.analytics.prediction_assets import customer_predictions, holdout_predictions
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.meta.assets import meta_custom_audiences
@@ -450,3 +452,8 @@ def test_audience_sizes_stay_within_bounds(analytics):
     result = audience_sizes_within_bounds(warehouse=WarehouseResource())
     assert result.passed, result.metadata["examples"].value
     assert result.metadata["audiences_checked"].value >= 16 * 2
+
+
+def test_the_dbt_resource_knows_the_cli_version_without_asking_the_cli():
+    printed = subprocess.check_output([DBT_EXECUTABLE, "--version"], text=True)
+    assert str(dbt_resource()._cli_version) == re.search(r"(\d+\.\d+\.\d+)", printed).group(1)

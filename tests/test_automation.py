@@ -7,6 +7,7 @@ import psycopg
 import pytest
 
 from cdp_assets.definitions import defs
+from cdp_assets.lib.dagster_storage import storage_config
 from cdp_assets.lib.database import sqlalchemy_url, with_database
 from cdp_assets.partitions import tenants
 
@@ -22,7 +23,7 @@ def instance(warehouse_url):
     url = with_database(warehouse_url, name)
     with psycopg.connect(with_database(warehouse_url, "postgres"), autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
-    overrides = {"storage": {"postgres": {"postgres_url": sqlalchemy_url(url)}}}
+    overrides = {"storage": storage_config(sqlalchemy_url(url))}
     try:
         with dg.instance_for_test(overrides=overrides) as own:
             yield own

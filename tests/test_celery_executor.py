@@ -74,8 +74,14 @@ RUNS_TIMEOUT = 240.0
 def test_the_executor_is_dagsters_default_unless_celery_is_asked_for(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    assert executor_from_env({}) is None
-    assert executor_from_env({EXECUTOR_ENV: "multiprocess"}) is None
+    default = executor_from_env({})
+    assert executor_from_env({EXECUTOR_ENV: "multiprocess"}) is default
+    assert default.name == dg.multi_or_in_process_executor.name
+    # Steps fork from a server that imported the code location; run config may still pick.
+    preload = {"forkserver": {"preload_modules": ["cdp_assets.definitions"]}}
+    assert default.config_schema.as_field().default_value == {
+        "multiprocess": {"start_method": preload}
+    }
     with pytest.raises(ExecutorConfigError, match="expected 'multiprocess'"):
         executor_from_env({EXECUTOR_ENV: "kubernetes"})
     with pytest.raises(ExecutorConfigError, match=BACKEND_ENV):

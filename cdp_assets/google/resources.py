@@ -6,14 +6,18 @@ environment's identity); the Google Ads developer token is the destination's
 `developer_token` reference.
 """
 
+from __future__ import annotations
+
 import os
+from typing import TYPE_CHECKING
 
 import dagster as dg
 
 from cdp_assets.activation.destinations import Destination
-from cdp_assets.google.clients import data_manager_clients, google_ads_services
-from cdp_assets.google.data_manager import DataManagerAudiences
-from cdp_assets.google.google_ads import GoogleAdsAudiences
+
+if TYPE_CHECKING:
+    from cdp_assets.google.data_manager import DataManagerAudiences
+    from cdp_assets.google.google_ads import GoogleAdsAudiences
 
 
 class GoogleResource(dg.ConfigurableResource):
@@ -25,6 +29,12 @@ class GoogleResource(dg.ConfigurableResource):
         return self.sandbox_address or os.environ.get("GOOGLE_SANDBOX_ADDRESS")
 
     def audiences_for(self, destination: Destination) -> DataManagerAudiences | GoogleAdsAudiences:
+        # Google's generated clients take seconds to import: only the steps that push pay it,
+        # not every process that loads the code location.
+        from cdp_assets.google.clients import data_manager_clients, google_ads_services
+        from cdp_assets.google.data_manager import DataManagerAudiences
+        from cdp_assets.google.google_ads import GoogleAdsAudiences
+
         retry = {"attempts": self.attempts, "retry_base_seconds": self.retry_base_seconds}
         if destination.platform == "google_ads":
             services = google_ads_services(

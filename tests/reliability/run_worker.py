@@ -31,6 +31,7 @@ import dagster as dg
 from activation_support import push
 from support import sync, vtex_for
 
+from cdp_assets.lib.dagster_storage import storage_config
 from cdp_assets.lib.database import sqlalchemy_url
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.meta.assets import meta_custom_audiences
@@ -72,7 +73,7 @@ def main(argv: list[str]) -> None:
     command, tenant_id, *rest = argv
     if "START_GATE" in os.environ:
         _wait_at_gate(Path(os.environ["START_GATE"]))
-    storage = {"postgres": {"postgres_url": sqlalchemy_url(os.environ["DATABASE_URL"])}}
+    storage = storage_config(sqlalchemy_url(os.environ["DATABASE_URL"]))
     with dg.instance_for_test(overrides={"storage": storage}) as instance:
         if command in ("ingest", "refresh"):
             port, first_month = rest
