@@ -226,6 +226,30 @@ def test_refreshing_one_tenant_leaves_the_others_untouched(analytics, conn, inst
     assert fingerprint() == before
 
 
+def test_a_tenants_run_tests_only_that_tenants_rows(analytics, conn, instance):
+    """One tenant's bad row (a segment outside the table) fails neither another tenant's run
+    nor that run's checks: the dbt tests of a tenant's run read that tenant's rows."""
+    key, segment = conn.execute(
+        "SELECT customer_key, segment FROM marts.rfm_segments WHERE tenant_id = 'an_big' LIMIT 1"
+    ).fetchone()
+    corrupt = "UPDATE marts.rfm_segments SET segment = %s WHERE tenant_id = 'an_big'"
+    corrupt += " AND customer_key = %s"
+    conn.execute(corrupt, ("Bogus", key))
+    conn.commit()
+    try:
+        result = refresh_tenant(instance, "an_tiny")
+    finally:
+        conn.execute(corrupt, (segment, key))
+        conn.commit()
+    evaluations = [
+        evaluation
+        for evaluation in result.get_asset_check_evaluations()
+        if evaluation.asset_key == dg.AssetKey("rfm_segments")
+    ]
+    assert any("accepted_values" in e.check_name for e in evaluations)
+    assert all(e.passed for e in evaluations)
+
+
 def test_a_refresh_reuses_the_last_parse_of_the_project(analytics, instance):
     """A run's tenants and date reach dbt in an env var, not `--vars` (which make dbt parse the
     whole project again), and each run keeps its parse for the next."""
