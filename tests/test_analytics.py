@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 from datetime import date
+from pathlib import Path
 
 import dagster as dg
 import pytest
@@ -27,7 +28,12 @@ from cdp_assets.activation.destinations import Destination, add_audience, add_de
 from cdp_assets.activation.triggers import changed_audiences
 from cdp_assets.analytics.assets import dbt_audiences, dbt_tenant_models, dbt_tenant_scoring
 from cdp_assets.analytics.checks import audience_sizes_within_bounds
-from cdp_assets.analytics.dbt_project import DBT_EXECUTABLE, DBT_PROJECT_DIR, dbt_resource
+from cdp_assets.analytics.dbt_project import (
+    DBT_EXECUTABLE,
+    DBT_PROJECT_DIR,
+    dbt_resource,
+    project_files,
+)
 from cdp_assets.analytics.prediction_assets import customer_predictions, holdout_predictions
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.meta.assets import meta_custom_audiences
@@ -481,3 +487,10 @@ def test_audience_sizes_stay_within_bounds(analytics):
 def test_the_dbt_resource_knows_the_cli_version_without_asking_the_cli():
     printed = subprocess.check_output([DBT_EXECUTABLE, "--version"], text=True)
     assert str(dbt_resource()._cli_version) == re.search(r"(\d+\.\d+\.\d+)", printed).group(1)
+
+
+def test_the_manifest_freshness_check_reads_the_project_not_dbts_output():
+    files = {path.relative_to(DBT_PROJECT_DIR) for path in project_files()}
+    assert {Path("dbt_project.yml"), Path("models/marts/customers.sql")} <= files
+    assert not [f for f in files if f.parts[0] in ("target", "logs")]
+    assert (DBT_PROJECT_DIR / "target" / "manifest.json").exists()  # there, and not listed

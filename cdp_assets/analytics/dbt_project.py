@@ -5,7 +5,7 @@ import os
 import shutil
 import sys
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from functools import cached_property
 from importlib.metadata import version
 from pathlib import Path
@@ -50,18 +50,25 @@ def dbt_resource() -> DbtCliResource:
     return CdpDbtCliResource(project_dir=dbt_project, dbt_executable=DBT_EXECUTABLE)
 
 
+# dbt's output: each run leaves a folder of its own in target/, thousands of files over time.
+DBT_OUTPUT_FOLDERS = {"target", "logs"}
+
+
+def project_files() -> Iterator[Path]:
+    """The project's own files, without walking dbt's output folders."""
+    for folder, subfolders, files in os.walk(DBT_PROJECT_DIR):
+        if folder == str(DBT_PROJECT_DIR):
+            subfolders[:] = [name for name in subfolders if name not in DBT_OUTPUT_FOLDERS]
+        yield from (Path(folder) / name for name in files)
+
+
 def ensure_manifest() -> Path:
     """Parse the project when its manifest is missing or older than any project file, so the
     code location, tests and CLI always load the models as they are on disk. Processes that
     load the definitions together (webserver, daemon, test workers) parse one at a time: dbt
     writes the manifest in place, and a reader must never see half of it."""
     manifest = dbt_project.manifest_path
-    sources = [
-        p
-        for p in DBT_PROJECT_DIR.rglob("*")
-        if p.is_file() and not {"target", "logs"} & set(p.relative_to(DBT_PROJECT_DIR).parts)
-    ]
-    newest = max(p.stat().st_mtime for p in sources)
+    newest = max(path.stat().st_mtime for path in project_files())
     manifest.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(manifest.with_name(".parse.lock")):
         if not manifest.exists() or manifest.stat().st_mtime < newest:
