@@ -70,17 +70,6 @@ class PooledPostgresEventLogStorage(PostgresEventLogStorage):
         self._engine.dispose()
 
 
-def storage_config(postgres_url: str) -> dict[str, Any]:
-    """The instance's `storage` config (an override of `instance_for_test`, say)."""
-    return {
-        "custom": {
-            "module": __name__,
-            "class": PooledPostgresStorage.__name__,
-            "config": {"postgres_url": postgres_url},
-        }
-    }
-
-
 class PooledPostgresStorage(DagsterPostgresStorage):
     """`DagsterPostgresStorage` (same config) whose event log is pooled."""
 
@@ -111,3 +100,14 @@ class PooledPostgresStorage(DagsterPostgresStorage):
             if self.inst_data
             else None
         )
+
+
+def storage_config(postgres_url: str) -> dict[str, Any]:
+    """The instance's `storage` config (an override of `instance_for_test`, say)."""
+    return {
+        "custom": {
+            "module": __name__,
+            "class": PooledPostgresStorage.__name__,
+            "config": {"postgres_url": postgres_url},
+        }
+    }
