@@ -70,7 +70,9 @@ def payload_text(raw: bytes) -> str:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise InvalidRecord("document is not valid UTF-8") from None
-    if NUL_ESCAPE.search(text):
+    # The substring test first: the regex alone costs about 0.25 ms on a 6 KiB document
+    # (it tries the lookbehind at every character): 22% of a seed order sync's Python time.
+    if "\\u0000" in text and NUL_ESCAPE.search(text):
         raise InvalidRecord("document contains a NUL character (\\u0000), which jsonb rejects")
     return text
 
