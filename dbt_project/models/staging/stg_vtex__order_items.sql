@@ -14,10 +14,10 @@ items as (
         (item.ordinality - 1)::integer as item_index,
         item.value as item
     from orders
-    -- One read of the large compressed document (see stg_vtex__orders).
-    cross join lateral jsonb_to_record(orders.payload) as document (items jsonb)
+    -- The landed summary's items, not the document's (see stg_vtex__orders); an order whose
+    -- items are not a list has none there.
     cross join lateral jsonb_array_elements(
-        case when jsonb_typeof(document.items) = 'array' then document.items else '[]'::jsonb end
+        coalesce(orders.summary -> 'items', '[]'::jsonb)
     ) with ordinality as item (value, ordinality)
 )
 
