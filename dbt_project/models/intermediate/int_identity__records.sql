@@ -3,6 +3,8 @@
 --   without a userProfileId (a guest checkout VTEX did not profile), or
 -- - a Master Data CL document (the customer's own profile, with the real e-mail).
 -- int_identity__customer_keys links records that share a key into one customer.
+{% set latest_first = 'last_seen_at desc, order_id desc' %}
+
 with orders as (
     select * from {{ ref('stg_vtex__orders') }}
     where {{ tenant_filter() }}
@@ -24,7 +26,7 @@ tenants as (
 -- Record ids carry their kind as a prefix. 'cl:' sorts before 'order:' and 'profile:', so
 -- a customer with a CL document keeps the key derived from it as new orders arrive.
 -- A buyer's orders mostly repeat the same contact data: each distinct contact (per record)
--- is normalized once, with the recency of its latest order, instead of once per order (the
+-- is normalized once, with the time of its latest order, instead of once per order (the
 -- regular expressions were most of this model's time on a million orders).
 order_contacts as (
     select
@@ -39,9 +41,7 @@ order_contacts as (
         last_name,
         max(order_id) as order_id,
         min(created_at) as first_seen_at,
-        max(created_at) as last_seen_at,
-        -- The contact's latest order: the recency order of the aggregates below.
-        max(array[to_char(created_at at time zone 'UTC', 'YYYYMMDDHH24MISSUS'), order_id]) as latest
+        max(created_at) as last_seen_at
     from orders
     group by
         tenant_id, record_id, user_profile_id, order_email_raw, document, document_type,
@@ -53,7 +53,6 @@ order_identities as (
         order_contacts.tenant_id,
         order_contacts.record_id,
         order_contacts.order_id,
-        order_contacts.latest,
         order_contacts.first_seen_at,
         order_contacts.last_seen_at,
         order_contacts.user_profile_id,
@@ -63,7 +62,8 @@ order_identities as (
 ),
 
 -- A buyer's orders can disagree (a new phone, a document added later): each key takes the
--- latest order that has one.
+-- latest order that has one (of two contacts whose latest orders share an instant, the one
+-- with the larger order id).
 order_profiles as (
     select
         tenant_id,
@@ -71,15 +71,15 @@ order_profiles as (
         'order_profile' as record_source,
         coalesce(max(user_profile_id), max(order_id)) as source_id,
         max(user_profile_id) as user_profile_id,
-        {{ first_non_null('email_raw', 'latest desc') }} as email_raw,
-        {{ first_non_null('email_normalized', 'latest desc') }} as email_normalized,
-        {{ first_non_null('document_normalized', 'latest desc') }} as document_normalized,
-        (array_agg(document_type order by latest desc)
+        {{ first_non_null('email_raw', latest_first) }} as email_raw,
+        {{ first_non_null('email_normalized', latest_first) }} as email_normalized,
+        {{ first_non_null('document_normalized', latest_first) }} as document_normalized,
+        (array_agg(document_type order by {{ latest_first }})
             filter (where document_normalized is not null))[1] as document_type,
-        {{ first_non_null('phone_raw', 'latest desc') }} as phone_raw,
-        {{ first_non_null('phone_e164', 'latest desc') }} as phone_e164,
-        {{ first_non_null('first_name', 'latest desc') }} as first_name,
-        {{ first_non_null('last_name', 'latest desc') }} as last_name,
+        {{ first_non_null('phone_raw', latest_first) }} as phone_raw,
+        {{ first_non_null('phone_e164', latest_first) }} as phone_e164,
+        {{ first_non_null('first_name', latest_first) }} as first_name,
+        {{ first_non_null('last_name', latest_first) }} as last_name,
         -- Newsletter consent is the customer's CL choice, not an order attribute.
         null::boolean as is_newsletter_opt_in,
         min(first_seen_at) as first_seen_at,
