@@ -285,11 +285,14 @@ def test_a_refresh_parses_only_the_documents_that_landed_since(analytics, conn, 
          WHERE o.tenant_id = 'an_tiny' AND o.order_id = %s AND i.item_index = 0
     """
     untouched_before = conn.execute(staged_sql, (untouched,)).fetchone()
-    edit = """
+    # The document and its summary (what staging reads: the same shape) change together.
+    changed = """jsonb_set(jsonb_set({column}, '{{storePreferencesData,currencyCode}}',
+                                     to_jsonb(%(currency)s::text)),
+                           '{{items,0,quantity}}', '97')"""
+    edit = f"""
         UPDATE raw_vtex.orders
-           SET payload = jsonb_set(jsonb_set(payload, '{storePreferencesData,currencyCode}',
-                                             to_jsonb(%(currency)s::text)),
-                                   '{items,0,quantity}', '97'){landing}
+           SET payload = {changed.format(column="payload")},
+               summary = {changed.format(column="summary")}{{landing}}
          WHERE tenant_id = 'an_tiny' AND order_id = %(order_id)s
      RETURNING synced_at
     """

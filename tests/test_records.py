@@ -37,9 +37,55 @@ GOOD = {
 
 def test_a_good_order_becomes_a_row():
     raw = orjson.dumps(GOOD)
-    key, stamp, created, payload = order_row(GOOD, raw)
+    key, stamp, created, summary, payload = order_row(GOOD, raw)
     assert key == "1-01" and stamp.microsecond == 701074 and created.hour == 20
+    assert orjson.loads(summary) == {"value": 1990, "items": []}
     assert orjson.loads(payload) == GOOD
+
+
+def test_an_order_summary_keeps_what_staging_reads_in_the_documents_shape():
+    profile = {
+        "email": "7d1c@ct.vtex.com.br",
+        "userProfileId": "u-1",
+        "document": "123.456.789-09",
+        "documentType": "cpf",
+        "phone": None,
+        "firstName": "Ana",
+        "lastName": "Lima",
+        "corporateName": None,
+        "isCorporate": False,
+    }
+    item = {"id": "7", "productId": "3", "quantity": 2, "price": 1000, "sellingPrice": 995}
+    doc = {
+        **GOOD,
+        "status": "invoiced",
+        "storePreferencesData": {"currencyCode": "BRL", "timeZone": "E. South America"},
+        "clientProfileData": profile,
+        "items": [
+            {**item, "name": "Shirt", "imageUrl": "https://x/1.jpg"},
+            {**item, "id": "8", "quantity": 1, "price": None},
+        ],
+        "shippingData": {"address": {"street": "Rua A"}},
+    }
+    _, _, _, summary, _ = order_row(doc, orjson.dumps(doc))
+    # Nulls and absent keys are left out; staging reads both as NULL.
+    assert orjson.loads(summary) == {
+        "status": "invoiced",
+        "value": 1990,
+        "storePreferencesData": {"currencyCode": "BRL"},
+        "clientProfileData": {
+            "email": "7d1c@ct.vtex.com.br",
+            "userProfileId": "u-1",
+            "document": "123.456.789-09",
+            "documentType": "cpf",
+            "firstName": "Ana",
+            "lastName": "Lima",
+        },
+        "items": [item, {"id": "8", "productId": "3", "quantity": 1, "sellingPrice": 995}],
+    }
+    # A part that is not an object (VTEX sends none such, but the landing keeps the order).
+    odd = {**GOOD, "clientProfileData": "n/a", "storePreferencesData": None}
+    assert orjson.loads(order_row(odd, orjson.dumps(odd))[3]) == {"value": 1990, "items": []}
 
 
 @pytest.mark.parametrize(

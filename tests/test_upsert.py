@@ -13,7 +13,7 @@ T0 = datetime(2024, 3, 1, 12, 0, tzinfo=UTC)
 
 def order(order_id: str, stamp: datetime, status: str) -> tuple:
     doc = {"orderId": order_id, "status": status, "lastChange": stamp.isoformat()}
-    return (order_id, stamp, T0, as_json(doc))
+    return (order_id, stamp, T0, as_json({"status": status}), as_json(doc))
 
 
 def as_json(doc: dict) -> str:
@@ -21,10 +21,14 @@ def as_json(doc: dict) -> str:
 
 
 def stored(conn, tenant: str) -> dict[str, str]:
+    """Each order's status, checking that its summary moved with its document."""
     rows = conn.execute(
-        "SELECT order_id, payload->>'status' FROM raw_vtex.orders WHERE tenant_id = %s", (tenant,)
-    )
-    return dict(rows.fetchall())
+        "SELECT order_id, payload->>'status', summary->>'status' FROM raw_vtex.orders"
+        " WHERE tenant_id = %s",
+        (tenant,),
+    ).fetchall()
+    assert [summary for _, _, summary in rows] == [status for _, status, _ in rows]
+    return {order_id: status for order_id, status, _ in rows}
 
 
 def test_upsert_inserts_updates_and_ignores_stale_or_identical(conn):
@@ -100,65 +104,9 @@ def test_landed_documents_keep_the_raw_tables_compression(conn):
         "SELECT 'lz4' = ANY(enumvals) FROM pg_settings WHERE name = 'default_toast_compression'"
     ).fetchone()
     big = {"orderId": "big-01", "items": [{"id": str(i), "name": f"item {i}"} for i in range(400)]}
-    upsert_documents(conn, ORDERS, "upsert_lz4", [("big-01", T0, T0, as_json(big))])
+    upsert_documents(conn, ORDERS, "upsert_lz4", [("big-01", T0, T0, None, as_json(big))])
     (compression,) = conn.execute(
         "SELECT pg_column_compression(payload) FROM raw_vtex.orders"
         " WHERE tenant_id = 'upsert_lz4' AND order_id = 'big-01'"
     ).fetchone()
     assert compression == ("lz4" if lz4_available else "pglz")
-
-
-def test_landed_orders_carry_the_summary_staging_reads(conn):
-    tenant = "upsert_summary"
-    profile = {
-        "email": "7d1c@ct.vtex.com.br",
-        "userProfileId": "u-1",
-        "document": "123.456.789-09",
-        "documentType": "cpf",
-        "phone": None,
-        "firstName": "Ana",
-        "lastName": "Lima",
-        "corporateName": None,
-        "isCorporate": False,
-    }
-    item = {"id": "7", "productId": "3", "quantity": 2, "price": 1000, "sellingPrice": 995}
-    doc = {
-        "orderId": "5-01",
-        "status": "invoiced",
-        "value": 1990,
-        "storePreferencesData": {"currencyCode": "BRL", "timeZone": "E. South America"},
-        "clientProfileData": profile,
-        "items": [
-            {**item, "name": "Shirt", "imageUrl": "https://x/1.jpg"},
-            {**item, "id": "8", "quantity": 1, "price": None},
-        ],
-        "shippingData": {"address": {"street": "Rua A" * 200}},
-    }
-    bare = {"orderId": "6-01", "status": "canceled"}
-    rows = [("5-01", T0, T0, as_json(doc)), ("6-01", T0, T0, as_json(bare))]
-    upsert_documents(conn, ORDERS, tenant, rows)
-
-    def summaries() -> dict[str, dict]:
-        query = "SELECT order_id, summary FROM raw_vtex.orders WHERE tenant_id = %s"
-        return dict(conn.execute(query, (tenant,)).fetchall())
-
-    # The document's shape, only the fields staging reads, nulls and absent keys left out.
-    assert summaries() == {
-        "5-01": {
-            "status": "invoiced",
-            "value": 1990,
-            "storePreferencesData": {"currencyCode": "BRL"},
-            "clientProfileData": {
-                key: profile[key]
-                for key in ("email", "userProfileId", "document", "documentType")
-                + ("firstName", "lastName")
-            },
-            "items": [item, {"id": "8", "productId": "3", "quantity": 1, "sellingPrice": 995}],
-        },
-        "6-01": {"status": "canceled", "storePreferencesData": {}, "clientProfileData": {}},
-    }
-
-    # A newer version of the document brings its own summary.
-    later = T0 + timedelta(hours=1)
-    upsert_documents(conn, ORDERS, tenant, [("6-01", later, T0, as_json({**bare, "value": 5}))])
-    assert summaries()["6-01"]["value"] == 5

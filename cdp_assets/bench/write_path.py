@@ -7,6 +7,8 @@ them all in memory) land three ways over the same connection:
 - the old workers' way: psycopg2 `executemany` of a row-by-row upsert in batches of 1,000, a
   commit per batch, into another copy of `raw_vtex.orders`;
 - the limit: one plain COPY into a table of the same columns with no key and no index.
+Ours also writes each order's summary (what staging reads, migration 0009); the other two
+write the documents alone, as the old workers did.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from cdp_assets.bench.environment import Bench
 from cdp_assets.bench.measure import StageResult, stage
 from cdp_assets.lib.upsert import RawTable
 from cdp_assets.vtex.records import order_row
-from cdp_assets.vtex.sync import BATCH_SIZE, Landing, land
+from cdp_assets.vtex.sync import BATCH_SIZE, ORDERS, Landing, land
 
 SCHEMA = "bench_write"
 TENANT = "write_path"
@@ -60,7 +62,7 @@ COPY_SQL = (
     " FROM STDIN"
 )
 
-Row = tuple[str, datetime, datetime, str]
+Row = tuple[str, datetime, datetime, str, str]  # key, stamp, creation, summary, payload
 
 PROJECTED_RTT = 0.001  # seconds: a hosted worker and a hosted database, not the same host
 # CREATE TEMP TABLE IF NOT EXISTS, COPY, the upsert, TRUNCATE and COMMIT per batch.
@@ -84,11 +86,12 @@ def _spool_documents(bench: Bench, count: int, path: Path) -> int:
             for record in bench.sandbox.export(account, "orders"):
                 if record["malformed"]:
                     continue
-                key, stamp, creation, payload = order_row(
+                key, stamp, creation, summary, payload = order_row(
                     record["doc"], orjson.dumps(record["doc"])
                 )
                 spool.write(
-                    orjson.dumps([key, stamp.isoformat(), creation.isoformat(), payload]) + b"\n"
+                    orjson.dumps([key, stamp.isoformat(), creation.isoformat(), summary, payload])
+                    + b"\n"
                 )
                 written += 1
                 if written == count:
@@ -99,12 +102,24 @@ def _spool_documents(bench: Bench, count: int, path: Path) -> int:
 def _rows(path: Path) -> Iterator[Row]:
     with path.open("rb") as spool:
         for line in spool:
-            key, stamp, creation, payload = orjson.loads(line)
-            yield key, datetime.fromisoformat(stamp), datetime.fromisoformat(creation), payload
+            key, stamp, creation, summary, payload = orjson.loads(line)
+            yield (
+                key,
+                datetime.fromisoformat(stamp),
+                datetime.fromisoformat(creation),
+                summary,
+                payload,
+            )
+
+
+def _document(row: Row) -> tuple[str, datetime, datetime, str]:
+    """The row without its summary: what the old way and the plain COPY write."""
+    key, stamp, creation, _summary, payload = row
+    return key, stamp, creation, payload
 
 
 def _ours(url: str, path: Path) -> None:
-    table = RawTable(SCHEMA, TABLES["ours"], "order_id", ("creation_date",))
+    table = RawTable(SCHEMA, TABLES["ours"], "order_id", ORDERS.extra_columns)
     with psycopg.connect(url) as conn:
         land(conn, table, TENANT, _rows(path), "bench", Landing())
 
@@ -115,7 +130,7 @@ def _row_by_row(url: str, path: Path) -> None:
         rows = _rows(path)
         with conn.cursor() as cur:
             while batch := list(islice(rows, OLD_BATCH)):
-                cur.executemany(OLD_UPSERT, [(TENANT, *row) for row in batch])
+                cur.executemany(OLD_UPSERT, [(TENANT, *_document(row)) for row in batch])
                 conn.commit()
     finally:
         conn.close()
@@ -124,7 +139,7 @@ def _row_by_row(url: str, path: Path) -> None:
 def _copy(url: str, path: Path) -> None:
     with psycopg.connect(url) as conn, conn.cursor().copy(COPY_SQL) as copy:
         for row in _rows(path):
-            copy.write_row((TENANT, *row))
+            copy.write_row((TENANT, *_document(row)))
 
 
 def _table_stats(url: str) -> dict[str, dict[str, Any]]:

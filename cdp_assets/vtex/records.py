@@ -35,6 +35,20 @@ MAX_KEY = 256
 # The escape `\u0000` (after an even run of backslashes), which jsonb refuses; the text
 # "\\u0000" (an escaped backslash, then "u0000") is ordinary and must land.
 NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+# The parts of an order document staging reads (see order_summary).
+SUMMARY_OBJECTS = {
+    "storePreferencesData": ("currencyCode",),
+    "clientProfileData": (
+        "userProfileId",
+        "email",
+        "document",
+        "documentType",
+        "phone",
+        "firstName",
+        "lastName",
+    ),
+}
+SUMMARY_ITEM_FIELDS = ("id", "productId", "quantity", "price", "sellingPrice")
 
 
 class InvalidRecord(ValueError):
@@ -115,6 +129,23 @@ def _items(items: Any) -> None:
             raise InvalidRecord(f"items[{index}] line total exceeds {MAX_CENTS} cents")
 
 
+def _fields(obj: Any, fields: tuple[str, ...]) -> dict[str, Any]:
+    if not isinstance(obj, dict):
+        return {}
+    return {field: obj[field] for field in fields if obj.get(field) is not None}
+
+
+def order_summary(doc: dict[str, Any]) -> dict[str, Any]:
+    """What staging reads of an order, in the document's own shape (migration 0009): the
+    whole document is a large compressed value that each read would decompress."""
+    summary = _fields(doc, ("status", "value"))
+    for field, fields in SUMMARY_OBJECTS.items():
+        if part := _fields(doc.get(field), fields):
+            summary[field] = part
+    summary["items"] = [_fields(item, SUMMARY_ITEM_FIELDS) for item in doc["items"]]
+    return summary
+
+
 def order_row(doc: Any, raw: bytes) -> Row:
     key = _key(doc, "orderId")
     try:
@@ -122,7 +153,9 @@ def order_row(doc: Any, raw: bytes) -> Row:
         creation = parse_timestamp(doc.get("creationDate"), "creationDate")
         _cents(doc.get("value"), "value")
         _items(doc.get("items"))
-        return (key, change_stamp, creation, payload_text(raw))
+        payload = payload_text(raw)
+        summary = orjson.dumps(order_summary(doc)).decode()
+        return (key, change_stamp, creation, summary, payload)
     except InvalidRecord as error:
         raise InvalidRecord(str(error), key) from None
 

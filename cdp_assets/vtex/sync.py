@@ -27,7 +27,7 @@ from cdp_assets.vtex.records import (
     reject,
 )
 
-ORDERS = RawTable("raw_vtex", "orders", "order_id", ("creation_date",))
+ORDERS = RawTable("raw_vtex", "orders", "order_id", ("creation_date", "summary"))
 PRODUCTS = RawTable("raw_vtex", "products", "product_id")
 SKUS = RawTable("raw_vtex", "skus", "sku_id")
 CUSTOMERS = RawTable("raw_vtex", "customers", "customer_id")

@@ -14,10 +14,11 @@ items as (
         (item.ordinality - 1)::integer as item_index,
         item.value as item
     from orders
-    -- The landed summary's items, not the document's (see stg_vtex__orders); an order whose
-    -- items are not a list has none there.
+    -- The landed summary's items, or the document's where there is no summary (see
+    -- stg_vtex__orders).
+    cross join lateral jsonb_to_record(coalesce(orders.summary, orders.payload)) as document (items jsonb)
     cross join lateral jsonb_array_elements(
-        coalesce(orders.summary -> 'items', '[]'::jsonb)
+        case when jsonb_typeof(document.items) = 'array' then document.items else '[]'::jsonb end
     ) with ordinality as item (value, ordinality)
 )
 

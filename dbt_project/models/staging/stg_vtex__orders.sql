@@ -8,6 +8,7 @@ with orders as (
 -- The landed summary, not the document: it holds the fields read here in the document's own
 -- shape, a few hundred bytes stored inline, where the document is a large compressed value
 -- that each read would decompress whole (migration 0009; a million orders: 17.6 s -> 4.7 s).
+-- Orders landed before the summary existed have none: their document is read instead.
 documents as (
     select
         orders.tenant_id,
@@ -21,7 +22,7 @@ documents as (
         document."storePreferencesData" as store_preferences,
         document.items
     from orders
-    cross join lateral jsonb_to_record(orders.summary) as document (
+    cross join lateral jsonb_to_record(coalesce(orders.summary, orders.payload)) as document (
         status text,
         value jsonb,
         "clientProfileData" jsonb,
