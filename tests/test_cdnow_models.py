@@ -21,6 +21,7 @@ from cdp_assets.analytics.prediction_assets import customer_predictions
 from cdp_assets.lib.upsert import upsert_documents
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.tenants.registry import Tenant, add_tenant
+from cdp_assets.vtex.records import order_row
 from cdp_assets.vtex.sync import ORDERS
 
 DATASETS = Path(importlib.util.find_spec("lifetimes").submodule_search_locations[0]) / "datasets"
@@ -46,7 +47,7 @@ def cdnow_orders() -> list[tuple]:
             "clientProfileData": {"userProfileId": f"cdnow-{int(sample_id)}"},
             "storePreferencesData": {"currencyCode": "USD"},
         }
-        rows.append((order_id, created, created, orjson.dumps(doc).decode()))
+        rows.append(order_row(doc, orjson.dumps(doc)))
     return rows
 
 
