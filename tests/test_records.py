@@ -3,7 +3,13 @@ from datetime import UTC, datetime
 import orjson
 import pytest
 
-from cdp_assets.vtex.records import InvalidRecord, customer_row, order_row, parse_timestamp
+from cdp_assets.vtex.records import (
+    InvalidRecord,
+    customer_row,
+    order_row,
+    order_summary,
+    parse_timestamp,
+)
 
 
 def test_vtex_timestamps_with_seven_fractional_digits_and_offsets():
@@ -86,6 +92,8 @@ def test_an_order_summary_keeps_what_staging_reads_in_the_documents_shape():
     # A part that is not an object (VTEX sends none such, but the landing keeps the order).
     odd = {**GOOD, "clientProfileData": "n/a", "storePreferencesData": None}
     assert orjson.loads(order_row(odd, orjson.dumps(odd))[3]) == {"value": 1990, "items": []}
+    # Called on a document the landing would refuse, it still answers (items left out).
+    assert order_summary({"items": "n/a", "status": "x"}) == {"status": "x"}
 
 
 @pytest.mark.parametrize(

@@ -142,7 +142,9 @@ def order_summary(doc: dict[str, Any]) -> dict[str, Any]:
     for field, fields in SUMMARY_OBJECTS.items():
         if part := _fields(doc.get(field), fields):
             summary[field] = part
-    summary["items"] = [_fields(item, SUMMARY_ITEM_FIELDS) for item in doc["items"]]
+    items = doc.get("items")
+    if isinstance(items, list):  # the landing refuses other items; positions are kept
+        summary["items"] = [_fields(item, SUMMARY_ITEM_FIELDS) for item in items]
     return summary
 
 
