@@ -160,6 +160,16 @@ def test_a_plus_b_below_one_gives_finite_predictions():
     assert x.mean() == pytest.approx(clv.expected_purchases_new(params, 395.0), abs=0.05)
 
 
+def test_little_dropout_gives_finite_predictions():
+    # Fitted on a synthetic store: Euler's form of the 2F1 gives 0 * inf there.
+    params = clv.BgNbdParams(r=0.2026, alpha=89.91, a=2134.5, b=16863.6)
+    expected = clv.expected_purchases(params, [90, 360, 1800], [0, 0, 3], [0, 0, 300], 623)
+    assert np.all(np.isfinite(expected)) and np.all(expected > 0)
+    # The closed form agrees with the simulated process (standard error of the mean ≈ 0.01).
+    x, _, _ = clv.simulate_bgnbd(params, 200_000, 1800.0, seed=5)
+    assert x.mean() == pytest.approx(clv.expected_purchases_new(params, 1800.0), abs=0.04)
+
+
 def test_frequent_buyers_do_not_overflow():
     params = clv.BgNbdParams(r=0.243, alpha=30.9, a=0.793, b=2.426)  # CDNOW in days
     expected = clv.expected_purchases(params, [30, 365, 1825], 1000, 730, 730)
