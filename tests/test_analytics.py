@@ -31,7 +31,9 @@ from cdp_assets.analytics.checks import audience_sizes_within_bounds
 from cdp_assets.analytics.dbt_project import (
     DBT_EXECUTABLE,
     DBT_PROJECT_DIR,
+    MANIFEST_PATH,
     dbt_resource,
+    ensure_manifest,
     project_files,
 )
 from cdp_assets.analytics.prediction_assets import customer_predictions, holdout_predictions
@@ -496,4 +498,13 @@ def test_the_manifest_freshness_check_reads_the_project_not_dbts_output():
     files = {path.relative_to(DBT_PROJECT_DIR) for path in project_files()}
     assert {Path("dbt_project.yml"), Path("models/marts/customers.sql")} <= files
     assert not [f for f in files if f.parts[0] in ("target", "logs")]
-    assert (DBT_PROJECT_DIR / "target" / "manifest.json").exists()  # there, and not listed
+    assert MANIFEST_PATH.exists() and MANIFEST_PATH.parent.name == "target"  # not listed
+
+
+def test_the_definitions_load_a_manifest_no_plain_dbt_command_writes():
+    # `dbt parse` / `dbt build` in the project rewrite target/manifest.json in place.
+    assert MANIFEST_PATH != DBT_PROJECT_DIR / "target" / "manifest.json"
+    (DBT_PROJECT_DIR / "models" / "marts" / "customers.sql").touch()  # the project changed
+    assert ensure_manifest() == MANIFEST_PATH
+    assert MANIFEST_PATH.stat().st_mtime >= max(p.stat().st_mtime for p in project_files())
+    assert not list((DBT_PROJECT_DIR / "target").glob("parse-*"))  # no parse folder left

@@ -62,19 +62,30 @@ def project_files() -> Iterator[Path]:
         yield from (Path(folder) / name for name in files)
 
 
+# The manifest the definitions load: a file of its own, replaced whole. A plain `dbt` command
+# in the project (an analyst's, `cdp dbt`, a test's) rewrites target/manifest.json in place,
+# and a process loading the definitions meanwhile read half of it (seen once in CI: a Celery
+# worker's import failed on truncated JSON).
+MANIFEST_PATH = DBT_PROJECT_DIR / dbt_project.target_path / "dagster_manifest.json"
+
+
 def ensure_manifest() -> Path:
     """Parse the project when its manifest is missing or older than any project file, so the
     code location, tests and CLI always load the models as they are on disk. Processes that
-    load the definitions together (webserver, daemon, test workers) parse one at a time: dbt
-    writes the manifest in place, and a reader must never see half of it."""
-    manifest = dbt_project.manifest_path
+    load the definitions together (webserver, daemon, test workers) parse one at a time, each
+    parse in a folder of its own, and the manifest is replaced atomically."""
     newest = max(path.stat().st_mtime for path in project_files())
-    manifest.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(manifest.with_name(".parse.lock")):
-        if not manifest.exists() or manifest.stat().st_mtime < newest:
+    MANIFEST_PATH.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(MANIFEST_PATH.with_name(".parse.lock")):
+        if not MANIFEST_PATH.exists() or MANIFEST_PATH.stat().st_mtime < newest:
             os.environ.setdefault("DO_NOT_TRACK", "1")
-            dbt_resource().cli(["parse", "--quiet"], target_path=dbt_project.target_path).wait()
-    return manifest
+            parse_target = dbt_project.target_path / f"parse-{uuid.uuid4().hex}"
+            dbt_resource().cli(["parse", "--quiet"], target_path=parse_target).wait()
+            parsed = DBT_PROJECT_DIR / parse_target
+            os.replace(parsed / "manifest.json", MANIFEST_PATH)
+            keep_parse(parsed)
+            shutil.rmtree(parsed)
+    return MANIFEST_PATH
 
 
 PARTIAL_PARSE = "partial_parse.msgpack"
