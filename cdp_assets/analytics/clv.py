@@ -269,8 +269,10 @@ def _purchases_if_alive(params: BgNbdParams, t: FloatArray, x: FloatArray, T: Fl
     c = a + b + x - 1
     with np.errstate(over="ignore", under="ignore", invalid="ignore"):
         tail = (1 - z) ** (a - 1) * hyp2f1(a + b - 1 - r, a - 1, c, z)
-        untransformed = (1 - z) ** (r + x) * hyp2f1(r + x, b + x, c, z)
-    return c / (a - 1) * (1 - np.where(np.isfinite(tail), tail, untransformed))
+        if not np.all(np.isfinite(tail)):  # rare: the second 2F1 only then
+            untransformed = (1 - z) ** (r + x) * hyp2f1(r + x, b + x, c, z)
+            tail = np.where(np.isfinite(tail), tail, untransformed)
+    return c / (a - 1) * (1 - tail)
 
 
 def expected_purchases_new(params: BgNbdParams, t: ArrayLike) -> FloatArray:

@@ -80,11 +80,13 @@ def ensure_manifest() -> Path:
         if not MANIFEST_PATH.exists() or MANIFEST_PATH.stat().st_mtime < newest:
             os.environ.setdefault("DO_NOT_TRACK", "1")
             parse_target = dbt_project.target_path / f"parse-{uuid.uuid4().hex}"
-            dbt_resource().cli(["parse", "--quiet"], target_path=parse_target).wait()
             parsed = DBT_PROJECT_DIR / parse_target
-            os.replace(parsed / "manifest.json", MANIFEST_PATH)
-            keep_parse(parsed)
-            shutil.rmtree(parsed)
+            try:
+                dbt_resource().cli(["parse", "--quiet"], target_path=parse_target).wait()
+                os.replace(parsed / "manifest.json", MANIFEST_PATH)
+                keep_parse(parsed)
+            finally:
+                shutil.rmtree(parsed, ignore_errors=True)
     return MANIFEST_PATH
 
 

@@ -16,19 +16,21 @@
 -- customer_key = md5(tenant_id || '|' || smallest record_id of the component): it changes
 -- only when the component itself changes (two customers merge, or a record with a smaller
 -- id joins), never because unrelated data moved.
-with recursive records as (
-    select * from {{ ref('int_identity__records') }}
-    where {{ tenant_filter() }}
-),
-
--- Numbered in byte order of their ids (collate "C", so the order does not depend on the
--- database's locale): the smallest number of a component is its smallest id. Numbers are
+-- Records numbered in byte order of their ids (collate "C", so the order does not depend on
+-- the database's locale): the smallest number of a component is its smallest id. Numbers are
 -- unique across tenants, and key values are numbered per tenant, so no link crosses tenants.
-numbered_records as (
+with recursive numbered_records as (
     select
-        records.*,
+        tenant_id,
+        record_id,
+        user_profile_id,
+        email_normalized,
+        document_type,
+        document_normalized,
+        phone_e164,
         row_number() over (order by tenant_id collate "C", record_id collate "C") as record_number
-    from records
+    from {{ ref('int_identity__records') }}
+    where {{ tenant_filter() }}
 ),
 
 -- One row per (record, key). Masked Conversation Tracker aliases are already NULL in
