@@ -24,6 +24,7 @@ from cdp_assets.activation.identifiers import normalize_email, normalize_phone, 
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.meta.assets import meta_custom_audiences
 from cdp_assets.meta.resources import MetaResource
+from cdp_assets.partitions import RANGE_END_TAG, RANGE_START_TAG, tenants
 from cdp_assets.sandbox.meta_graph import MetaSandbox
 
 TOKEN_REF = "META_TEST_TOKEN"
@@ -311,3 +312,34 @@ def test_a_missing_credential_fails_naming_the_reference(instance, url, sandbox)
         (history,) = runs(conn, "meta_nocred_meta")
     assert history["status"] == "failed"
     assert "META_TOKEN_NOT_SET_ANYWHERE is not set" in history["reason"]
+
+
+def test_one_run_pushes_a_range_of_tenants(instance, url, sandbox) -> None:
+    setup(url, "meta_range_a", 250, range(200))
+    setup(url, "meta_range_b", 250, range(150))
+    with psycopg.connect(url) as conn:
+        add_tenant_with_customers(conn, "meta_range_c", 50)  # in the range, no destination
+    instance.add_dynamic_partitions(tenants.name, ["meta_range_a", "meta_range_c", "meta_range_b"])
+    result = dg.materialize(
+        [meta_custom_audiences],
+        instance=instance,
+        resources={
+            "warehouse": WarehouseResource(url=url),
+            "meta": MetaResource(graph_url=sandbox.graph_url, retry_base_seconds=0.01),
+        },
+        tags={RANGE_START_TAG: "meta_range_a", RANGE_END_TAG: "meta_range_b"},
+    )
+    assert member_keys(sandbox, "meta_range_a") == matchable("meta_range_a", range(200))
+    assert member_keys(sandbox, "meta_range_b") == matchable("meta_range_b", range(150))
+    # One step for the three partitions, each of them materialized, with every tenant's rows.
+    assert len(result.get_step_success_events()) == 1
+    events = result.get_asset_materialization_events()
+    assert sorted(e.partition for e in events) == ["meta_range_a", "meta_range_b", "meta_range_c"]
+    metadata = events[0].materialization.metadata
+    assert metadata["tenants_in_run"].value == 3
+    rows = [record.data for record in metadata["audiences"].value.records]
+    assert [(r["tenant_id"], r["destination_id"], r["added"]) for r in rows] == [
+        ("meta_range_a", "meta_range_a_meta", 180),
+        ("meta_range_b", "meta_range_b_meta", 135),
+    ]
+    assert metadata["added"].value == 315

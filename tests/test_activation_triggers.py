@@ -16,13 +16,21 @@ from activation_support import (
 )
 
 from cdp_assets.activation.destinations import Destination
-from cdp_assets.activation.triggers import cadence_requests, change_requests, changed_audiences
+from cdp_assets.activation.triggers import (
+    cadence_requests,
+    change_requests,
+    changed_audiences,
+    tenant_blocks,
+)
+from cdp_assets.google.assets import google_customer_match
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.meta.assets import meta_custom_audiences
 from cdp_assets.meta.resources import MetaResource
-from cdp_assets.partitions import tenants
+from cdp_assets.partitions import RANGE_END_TAG, RANGE_START_TAG, tenants
 from cdp_assets.sandbox.meta_graph import MetaSandbox
-from cdp_assets.tenants.registry import list_tenants
+from cdp_assets.tenants.registry import Tenant, list_tenants
+
+ORDER = ["trig_a", "trig_b"]  # the tenants' partitions, in order
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +59,7 @@ def test_sensor_requests_only_tenants_whose_audiences_changed(instance, url) -> 
         rows = list_tenants(conn)
         never_synced = changed_audiences(conn)
         assert set(never_synced) == {"trig_a"}  # trig_b has no destination
-        (request,) = change_requests(never_synced, rows)
+        (request,) = change_requests(never_synced, rows, ORDER)
         assert request.partition_key == "trig_a"
         assert request.asset_selection == [meta_custom_audiences.key]
 
@@ -67,14 +75,14 @@ def test_sensor_requests_only_tenants_whose_audiences_changed(instance, url) -> 
                 },
             )
         assert changed_audiences(conn) == {}
-        assert change_requests(changed_audiences(conn), rows) == []
+        assert change_requests(changed_audiences(conn), rows, ORDER) == []
 
         set_members(conn, "trig_a", range(10, 210))
-        (first,) = change_requests(changed_audiences(conn), rows)
-        (same,) = change_requests(changed_audiences(conn), rows)
+        (first,) = change_requests(changed_audiences(conn), rows, ORDER)
+        (same,) = change_requests(changed_audiences(conn), rows, ORDER)
         assert first.run_key == same.run_key  # one change launches one run
         set_members(conn, "trig_a", range(20, 220))
-        (later,) = change_requests(changed_audiences(conn), rows)
+        (later,) = change_requests(changed_audiences(conn), rows, ORDER)
         assert later.run_key != first.run_key
 
 
@@ -82,9 +90,34 @@ def test_cadence_runs_every_48_hours_across_month_and_year_ends(url) -> None:
     with psycopg.connect(url) as conn:
         rows = list_tenants(conn)
     days = [datetime(2026, 12, 20, 10) + timedelta(days=n) for n in range(80)]
-    active = [day for day in days if cadence_requests(rows, {"trig_a"}, day)]
+    active = [day for day in days if cadence_requests(rows, ORDER, {"trig_a"}, day)]
     gaps = {(b - a).days for a, b in zip(active, active[1:], strict=False)}
     assert gaps == {2}
-    (request,) = cadence_requests(rows, {"trig_a"}, active[0])
+    (request,) = cadence_requests(rows, ORDER, {"trig_a"}, active[0])
     assert request.partition_key == "trig_a"
-    assert cadence_requests(rows, set(), active[0]) == []
+    assert cadence_requests(rows, ORDER, set(), active[0]) == []
+
+
+def test_neighbouring_tenants_share_one_run() -> None:
+    rows = [Tenant(t, t, "K", "T", priority=p) for t, p in (("t1", 3), ("t2", 1), ("t4", 2))]
+    order = ["t1", "t2", "t3", "t4", "t5"]  # t3 and t5: no change (or inactive)
+    assert [[t.tenant_id for t in b] for b in tenant_blocks(order, rows)] == [["t1", "t2"], ["t4"]]
+    changed = {
+        "t1": {"meta": {"aud=1:x"}},
+        "t2": {"google_data_manager": {"aud=2:y"}},
+        "t4": {"meta": {"aud=3:z"}},
+    }
+    both, single = change_requests(changed, rows, order)
+    # A range over t1..t2 for both platforms, with the more urgent tenant's priority; t3 is
+    # left out, so t4 runs alone.
+    assert (both.tags[RANGE_START_TAG], both.tags[RANGE_END_TAG]) == ("t1", "t2")
+    assert both.partition_key is None
+    assert both.asset_selection == sorted([meta_custom_audiences.key, google_customer_match.key])
+    assert both.tags["dagster/priority"] == "-1"
+    assert single.partition_key == "t4" and RANGE_START_TAG not in single.tags
+    assert single.asset_selection == [meta_custom_audiences.key]
+    # The run key follows the block's memberships.
+    again = change_requests(changed, rows, order)
+    assert [r.run_key for r in again] == [both.run_key, single.run_key]
+    changed["t2"]["google_data_manager"] = {"aud=2:w"}
+    assert change_requests(changed, rows, order)[0].run_key != both.run_key

@@ -7,6 +7,7 @@ import pytest
 from cdp_assets.analytics.schedules import audiences_every_48_hours
 from cdp_assets.definitions import defs
 from cdp_assets.lib.dagster_home import apply_pool_limits
+from cdp_assets.partitions import tenant_months, tenants
 from cdp_assets.tenants.registry import Tenant, add_tenant, list_tenants
 from cdp_assets.vtex.schedules import (
     order_sync_requests,
@@ -37,25 +38,28 @@ def scheduled_tenants(conn) -> list:
 
 def test_orders_sync_covers_the_last_48_hours_across_a_month_end(scheduled_tenants):
     requests = order_sync_requests(scheduled_tenants, datetime(2026, 12, 1, 6, tzinfo=BUENOS_AIRES))
-    keys = [
-        (r.partition_key.keys_by_dimension["tenant"], r.partition_key.keys_by_dimension["month"])
-        for r in requests
+    # One run per tenant in priority order (sched_b first) over both months the 48 hours
+    # touch; no inactive tenant and no tenant the sensor has not made a partition yet.
+    ranges = [(r.partition_key_range.start, r.partition_key_range.end) for r in requests]
+    assert ranges == [
+        ("2026-11-01|sched_b", "2026-12-01|sched_b"),
+        ("2026-11-01|sched_a", "2026-12-01|sched_a"),
     ]
-    # Priority order (sched_b first), both months the 48 hours touch; no inactive tenant
-    # and no tenant the sensor has not made a partition yet.
-    assert keys == [
-        ("sched_b", "2026-11-01"),
-        ("sched_b", "2026-12-01"),
-        ("sched_a", "2026-11-01"),
-        ("sched_a", "2026-12-01"),
-    ]
-    assert [r.tags["dagster/priority"] for r in requests] == ["-1", "-1", "-5", "-5"]
-    assert len({r.run_key for r in requests}) == 4
+    assert all(r.partition_key is None for r in requests)
+    # The range holds the tenant's two months and no other tenant's partition.
+    with dg.DagsterInstance.ephemeral() as instance:
+        instance.add_dynamic_partitions(tenants.name, ["sched_a", "sched_b"])
+        assert tenant_months.get_partition_keys_in_range(
+            requests[0].partition_key_range, dynamic_partitions_store=instance
+        ) == ["2026-11-01|sched_b", "2026-12-01|sched_b"]
+    assert [r.tags["dagster/priority"] for r in requests] == ["-1", "-5"]
+    assert len({r.run_key for r in requests}) == 2
 
     mid_month = order_sync_requests(
         scheduled_tenants, datetime(2026, 12, 15, 18, tzinfo=BUENOS_AIRES)
     )
-    assert {r.partition_key.keys_by_dimension["month"] for r in mid_month} == {"2026-12-01"}
+    assert [str(r.partition_key) for r in mid_month] == ["2026-12-01|sched_b", "2026-12-01|sched_a"]
+    assert all(r.partition_key_range is None for r in mid_month)
     assert vtex_orders_twice_daily.cron_schedule == "0 6,18 * * *"
     assert vtex_orders_twice_daily.execution_timezone == "America/Argentina/Buenos_Aires"
 

@@ -1,5 +1,6 @@
-"""What every activation asset does for its tenant: sync each configured destination audience
-and report it as materialization metadata, one row per destination audience.
+"""What every activation asset does for the tenants of its run (one, or the range a single run
+covers): sync each configured destination audience and report it as materialization
+metadata, one row per destination audience.
 
 A failing destination does not stop the others; the asset fails at the end, naming them.
 """
@@ -46,6 +47,7 @@ class ActivationConfig(dg.Config):
 
 
 OUTCOME_COLUMNS = [
+    dg.TableColumn("tenant_id", "string"),
     dg.TableColumn("destination_id", "string"),
     dg.TableColumn("audience", "string"),
     dg.TableColumn("platform", "string"),
@@ -64,8 +66,11 @@ OUTCOME_COLUMNS = [
 TOTALS = ("desired", "added", "removed", "unchanged", "rejected", "requests")
 
 
-def activation_metadata(outcomes: list[SyncOutcome]) -> dict[str, dg.MetadataValue]:
-    """Totals as numbers (plotted over runs in the UI) and the per-audience table."""
+def activation_metadata(
+    outcomes: list[SyncOutcome], tenant_of: dict[str, str]
+) -> dict[str, dg.MetadataValue]:
+    """Totals as numbers (plotted over runs in the UI) and the per-audience table;
+    `tenant_of` maps each destination to its tenant."""
     metadata: dict[str, dg.MetadataValue] = {
         name: dg.MetadataValue.int(sum(getattr(o, name) for o in outcomes)) for name in TOTALS
     }
@@ -74,7 +79,10 @@ def activation_metadata(outcomes: list[SyncOutcome]) -> dict[str, dg.MetadataVal
             sum(o.status == status for o in outcomes)
         )
     metadata["audiences"] = dg.MetadataValue.table(
-        records=[dg.TableRecord(o.as_row()) for o in outcomes],
+        records=[
+            dg.TableRecord({"tenant_id": tenant_of[o.destination_id], **o.as_row()})
+            for o in outcomes
+        ],
         schema=dg.TableSchema(columns=OUTCOME_COLUMNS),
     )
     return metadata
@@ -89,9 +97,10 @@ def activate(
     members_for: Callable[[DestinationAudience], MemberSource],
     signature_for: Callable[[DestinationAudience], str | None],
 ) -> dg.MaterializeResult:
-    tenant_id = context.partition_key
+    tenant_ids = sorted(context.partition_keys)
     targets = [
         target
+        for tenant_id in tenant_ids
         for target in destination_audiences(conn, tenant_id, platforms)
         if not config.destinations or target.destination.destination_id in config.destinations
     ]
@@ -129,7 +138,9 @@ def activate(
             f" rejected {outcome.rejected}" + (f" ({outcome.reason})" if outcome.reason else "")
         )
         outcomes.append(outcome)
-    metadata = activation_metadata(outcomes)
+    metadata = activation_metadata(
+        outcomes, {t.destination.destination_id: t.destination.tenant_id for t in targets}
+    )
     failed = [f"{o.destination_id}/{o.audience}" for o in outcomes if o.status == "failed"]
     if failed:
         # The platforms already retried transient errors with backoff inside this run, and
@@ -141,7 +152,9 @@ def activate(
             allow_retries=False,
         )
     if not targets:
-        context.log.info(f"tenant {tenant_id!r} has no active destination on {platforms}")
+        context.log.info(f"tenants {tenant_ids} have no active destination on {platforms}")
+    if len(tenant_ids) > 1:
+        metadata["tenants_in_run"] = dg.MetadataValue.int(len(tenant_ids))
     return dg.MaterializeResult(metadata=metadata)
 
 
@@ -156,11 +169,15 @@ def activate_audiences(
     """`activate` for ad platforms: members from the audience views, hashed by `build_row`."""
     url = warehouse.url_migrated()
     with warehouse.connect() as conn:
-        tenant = get_tenant(conn, context.partition_key)
+        countries = {
+            tenant_id: get_tenant(conn, tenant_id).default_country
+            for tenant_id in context.partition_keys
+        }
 
         def members(target: DestinationAudience) -> MemberSource:
             require_audience(conn, target.audience)
-            return lambda: audience_members(url, target, tenant.default_country, build_row)
+            country = countries[target.destination.tenant_id]
+            return lambda: audience_members(url, target, country, build_row)
 
         return activate(
             context,
@@ -169,5 +186,5 @@ def activate_audiences(
             config,
             platform_for,
             members,
-            lambda target: audience_signature(conn, tenant.tenant_id, target.audience),
+            lambda target: audience_signature(conn, target.destination.tenant_id, target.audience),
         )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import defaultdict
+from collections.abc import Sequence
 from datetime import datetime
 
 import dagster as dg
@@ -14,10 +15,10 @@ from cdp_assets.analytics.schedules import on_48_hour_cadence
 from cdp_assets.google.assets import google_customer_match
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.meta.assets import meta_custom_audiences
-from cdp_assets.partitions import tenants
+from cdp_assets.partitions import RANGE_END_TAG, RANGE_START_TAG, tenants
 from cdp_assets.tenants.registry import Tenant, list_tenants
 from cdp_assets.vtex.assets import vtex_product_collections
-from cdp_assets.vtex.schedules import TIMEZONE, run_priority, tenant_run_requests, with_partitions
+from cdp_assets.vtex.schedules import TIMEZONE, run_priority, with_partitions
 
 ASSET_BY_PLATFORM = {
     "meta": meta_custom_audiences.key,
@@ -30,7 +31,8 @@ activation_push = dg.define_asset_job(
     "activation_push",
     selection=[meta_custom_audiences, google_customer_match, vtex_product_collections],
     partitions_def=tenants,
-    description="Every destination of one tenant: Meta, Google and VTEX collections.",
+    description="Every destination of the run's tenants (one, or a range): Meta, Google and VTEX"
+    " collections.",
 )
 
 
@@ -60,34 +62,74 @@ def changed_audiences(conn: psycopg.Connection) -> dict[str, dict[str, set[str]]
     return changed
 
 
+def tenant_blocks(partition_order: Sequence[str], tenant_rows: list[Tenant]) -> list[list[Tenant]]:
+    """`tenant_rows` as blocks of neighbours in the tenants' partition order: one block is one
+    range of partitions, which one run covers (the activation assets run a range as one step
+    each). A tenant that is not in `tenant_rows` ends a block, so no run reaches it."""
+    by_id = {tenant.tenant_id: tenant for tenant in tenant_rows}
+    blocks: list[list[Tenant]] = []
+    current: list[Tenant] = []
+    for tenant_id in partition_order:
+        if tenant_id in by_id:
+            current.append(by_id[tenant_id])
+        elif current:
+            blocks.append(current)
+            current = []
+    return blocks + ([current] if current else [])
+
+
+def block_request(
+    block: list[Tenant], run_key: str, asset_selection: list[dg.AssetKey] | None = None
+) -> dg.RunRequest:
+    """One run over a block of tenants, with the priority of the most urgent of them."""
+    first, last = block[0].tenant_id, block[-1].tenant_id
+    scope = {} if first == last else {RANGE_START_TAG: first, RANGE_END_TAG: last}
+    return dg.RunRequest(
+        run_key=f"{first}..{last}|{run_key}",
+        partition_key=first if first == last else None,
+        asset_selection=asset_selection,
+        tags={**scope, **run_priority(min(block, key=lambda tenant: tenant.priority))},
+    )
+
+
 def change_requests(
-    changed: dict[str, dict[str, set[str]]], tenant_rows: list[Tenant]
+    changed: dict[str, dict[str, set[str]]],
+    tenant_rows: list[Tenant],
+    partition_order: Sequence[str],
 ) -> list[dg.RunRequest]:
-    """One run per tenant with changes, for the assets of the platforms concerned. The run
-    key is a digest of the new memberships: the same change never launches twice."""
+    """One run per block of neighbouring tenants with changes, for the assets of the platforms
+    concerned (a tenant of the block whose change is on one platform only gets an unchanged
+    re-sync of the other, which sends nothing). The run key is a digest of the new
+    memberships: the same change never launches twice."""
     requests = []
-    for tenant in tenant_rows:
-        platforms = changed.get(tenant.tenant_id)
-        if not platforms:
-            continue
+    for block in tenant_blocks(
+        partition_order, [t for t in tenant_rows if changed.get(t.tenant_id)]
+    ):
+        platforms = {p: sigs for t in block for p, sigs in changed[t.tenant_id].items()}
         digest = hashlib.md5(
-            "|".join(sorted(s for sigs in platforms.values() for s in sigs)).encode()
+            "|".join(
+                sorted(
+                    f"{t.tenant_id}/{s}"
+                    for t in block
+                    for sigs in changed[t.tenant_id].values()
+                    for s in sigs
+                )
+            ).encode()
         ).hexdigest()
         requests.append(
-            dg.RunRequest(
-                run_key=f"{tenant.tenant_id}|{digest}",
-                partition_key=tenant.tenant_id,
-                asset_selection=sorted({ASSET_BY_PLATFORM[p] for p in platforms}),
-                tags=run_priority(tenant),
-            )
+            block_request(block, digest, sorted({ASSET_BY_PLATFORM[p] for p in platforms}))
         )
     return requests
 
 
-def _tenants_with_partitions(context, warehouse: WarehouseResource) -> list[Tenant]:
+def _tenants_with_partitions(
+    context, warehouse: WarehouseResource
+) -> tuple[list[Tenant], list[str]]:
+    """Active tenants that have a partition, and the partitions in their order."""
     with warehouse.connect() as conn:
         rows = list_tenants(conn, active_only=True)
-    return with_partitions(rows, set(context.instance.get_dynamic_partitions(tenants.name)))
+    order = context.instance.get_dynamic_partitions(tenants.name)
+    return with_partitions(rows, set(order)), order
 
 
 @dg.sensor(
@@ -101,18 +143,24 @@ def audience_changes_sensor(
     """Pushes an audience whose membership changed, within one tick (one minute)."""
     with warehouse.connect() as conn:
         changed = changed_audiences(conn)
-    requests = change_requests(changed, _tenants_with_partitions(context, warehouse))
+    requests = change_requests(changed, *_tenants_with_partitions(context, warehouse))
     return requests or dg.SkipReason("no audience changed since its last sync")
 
 
 def cadence_requests(
-    tenant_rows: list[Tenant], tenants_with_destinations: set[str], moment: datetime
+    tenant_rows: list[Tenant],
+    partition_order: Sequence[str],
+    tenants_with_destinations: set[str],
+    moment: datetime,
 ) -> list[dg.RunRequest]:
+    """Every 48 hours, one run per block of neighbouring tenants that have destinations."""
     if not on_48_hour_cadence(moment.date()):
         return []
-    return tenant_run_requests(
-        [tenant for tenant in tenant_rows if tenant.tenant_id in tenants_with_destinations], moment
-    )
+    with_destinations = [t for t in tenant_rows if t.tenant_id in tenants_with_destinations]
+    return [
+        block_request(block, f"{moment:%Y%m%d}")
+        for block in tenant_blocks(partition_order, with_destinations)
+    ]
 
 
 @dg.schedule(
@@ -133,7 +181,7 @@ def activation_every_48_hours(
             )
         }
     requests = cadence_requests(
-        _tenants_with_partitions(context, warehouse),
+        *_tenants_with_partitions(context, warehouse),
         with_destinations,
         context.scheduled_execution_time,
     )

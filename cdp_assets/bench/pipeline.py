@@ -9,11 +9,18 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+import dagster as dg
 import psycopg
 import requests
 
 from cdp_assets.activation.destinations import Destination, add_audience, add_destination
-from cdp_assets.activation.triggers import activation_push
+from cdp_assets.activation.triggers import (
+    activation_push,
+    block_request,
+    change_requests,
+    changed_audiences,
+    tenant_blocks,
+)
 from cdp_assets.analytics.jobs import ANALYTICS_JOB, AUDIENCES_JOB
 from cdp_assets.bench import clv_compare
 from cdp_assets.bench.environment import META_TOKEN_REF, Bench, RunRecord, RunRequest
@@ -62,6 +69,17 @@ SELECT (SELECT count(*) FROM raw_vtex.orders), (SELECT count(*) FROM raw_vtex.pr
        (SELECT count(*) FROM raw_vtex.skus), (SELECT count(*) FROM raw_vtex.customers),
        (SELECT count(*) FROM raw_vtex.rejects)
 """
+
+
+def _as_run(job_name: str, request: dg.RunRequest) -> RunRequest:
+    """A run request of a schedule or sensor, for the bench's run workers."""
+    return RunRequest(
+        job_name,
+        request.run_key or job_name,
+        partition_key=request.partition_key and str(request.partition_key),
+        tags=dict(request.tags),
+        asset_selection=request.asset_selection,
+    )
 
 
 def _check(name: str, expected: Any, actual: Any) -> dict[str, Any]:
@@ -354,16 +372,18 @@ ACTIVATION_ASSET = {"meta": "meta_custom_audiences", "google_data_manager": "goo
 
 
 def _push(bench: Bench, platform: str) -> dict[str, Any]:
+    """One platform's push for every tenant, as the triggers group them: one run per block of
+    neighbouring tenants (here, one block)."""
+    with bench.connect() as conn:
+        tenant_rows = list_tenants(conn, active_only=True)
+    blocks = tenant_blocks(bench.instance.get_dynamic_partitions(tenants.name), tenant_rows)
     started = time.perf_counter()
     runs = bench.runner.run_all(
         [
-            RunRequest(
-                activation_push.name,
-                account,
-                partition_key=account,
-                asset_selection=[ASSET_OF_PLATFORM[platform]],
+            _as_run(
+                activation_push.name, block_request(block, "bench", [ASSET_OF_PLATFORM[platform]])
             )
-            for account in bench.tenant_ids
+            for block in blocks
         ]
     )
     seconds = time.perf_counter() - started
@@ -447,19 +467,19 @@ def run_increment(bench: Bench) -> StageResult:
         with watch.part("orders_sync"):
             runs += bench.runner.run_all(
                 [
-                    RunRequest(
-                        ORDERS_SYNC_JOB,
-                        str(sync.partition_key),
-                        partition_key=str(sync.partition_key),
-                    )
+                    _as_run(ORDERS_SYNC_JOB, sync)
                     for sync in order_sync_requests(tenant_rows, datetime.now(UTC))
                 ]
             )
         _refresh_analytics(bench, watch, runs)
-        with watch.part("activation"):
-            runs += bench.runner.run_all(
-                [RunRequest(activation_push.name, t, partition_key=t) for t in bench.tenant_ids]
+        with watch.part("activation"), bench.connect() as conn:
+            # What the audience-change sensor requests on its next tick.
+            changes = change_requests(
+                changed_audiences(conn),
+                tenant_rows,
+                bench.instance.get_dynamic_partitions(tenants.name),
             )
+            runs += bench.runner.run_all([_as_run(activation_push.name, r) for r in changes])
         orders_read = int(sum(run.total("rows_received", ["vtex_orders"]) for run in runs))
         result.records = orders_read
         result.records_label = "orders read"

@@ -14,6 +14,8 @@ from cdp_assets.partitions import tenants
 
 @dg.asset(
     partitions_def=tenants,
+    # One run may cover many tenants (the triggers group them): see activation/triggers.py.
+    backfill_policy=dg.BackfillPolicy.single_run(),
     deps=[dbt_audiences],
     group_name="activation",
     kinds={"googleads", "python"},

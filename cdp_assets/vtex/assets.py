@@ -187,6 +187,8 @@ def vtex_customers(
 
 @dg.asset(
     partitions_def=tenants,
+    # One run may cover many tenants (the triggers group them): see activation/triggers.py.
+    backfill_policy=dg.BackfillPolicy.single_run(),
     deps=[dbt_audiences, dbt_tenant_models],
     group_name="activation",
     kinds={"vtex", "python"},
@@ -204,10 +206,9 @@ def vtex_product_collections(
     'vtex_collections'; one rule per collection, see `vtex/collection_rules.py`), SKUs added and
     removed by difference, one paced call each."""
     with warehouse.connect() as conn:
-        tenant = get_tenant(conn, context.partition_key)
 
         def members(target: DestinationAudience):
-            skus = collection_skus(conn, tenant.tenant_id, target.params)
+            skus = collection_skus(conn, target.destination.tenant_id, target.params)
             return lambda: iter(skus)
 
         return activate(
@@ -215,7 +216,10 @@ def vtex_product_collections(
             conn,
             ("vtex_collections",),
             config,
-            lambda _: VtexCollections(vtex.client_for(tenant), vtex.collection_write_rate()),
+            lambda destination: VtexCollections(
+                vtex.client_for(get_tenant(conn, destination.tenant_id)),
+                vtex.collection_write_rate(),
+            ),
             members,
             lambda _: None,
         )

@@ -9,7 +9,7 @@ from datetime import datetime
 import dagster as dg
 
 from cdp_assets.lib.warehouse import WarehouseResource
-from cdp_assets.partitions import order_months, tenants
+from cdp_assets.partitions import order_months, tenant_month_range_tags, tenants
 from cdp_assets.tenants.registry import Tenant, list_tenants
 from cdp_assets.vtex.assets import OVERLAP
 from cdp_assets.vtex.jobs import vtex_orders_sync, vtex_tenant_sync
@@ -43,16 +43,25 @@ def recent_months(moment: datetime) -> list[str]:
 
 
 def order_sync_requests(tenant_rows: list[Tenant], moment: datetime) -> list[dg.RunRequest]:
-    """One run per tenant (priority order) and month of the 48 hours before `moment`."""
-    return [
-        dg.RunRequest(
-            run_key=f"{tenant.tenant_id}|{month}|{moment:%Y%m%d%H%M}",
-            partition_key=dg.MultiPartitionKey({"tenant": tenant.tenant_id, "month": month}),
-            tags=run_priority(tenant),
+    """One run per tenant (priority order) over the months of the 48 hours before `moment`:
+    across a month end, one run covers both months (a range of the tenant's partitions)."""
+    months = recent_months(moment)
+    requests = []
+    for tenant in tenant_rows:
+        tags = run_priority(tenant)
+        partition_key = None
+        if len(months) == 1:
+            partition_key = dg.MultiPartitionKey({"tenant": tenant.tenant_id, "month": months[0]})
+        else:
+            tags |= tenant_month_range_tags(tenant.tenant_id, months[0], months[-1])
+        requests.append(
+            dg.RunRequest(
+                run_key=f"{tenant.tenant_id}|{moment:%Y%m%d%H%M}",
+                partition_key=partition_key,
+                tags=tags,
+            )
         )
-        for tenant in tenant_rows
-        for month in recent_months(moment)
-    ]
+    return requests
 
 
 def tenant_run_requests(tenant_rows: list[Tenant], moment: datetime) -> list[dg.RunRequest]:
