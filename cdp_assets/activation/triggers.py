@@ -105,7 +105,7 @@ def change_requests(
     for block in tenant_blocks(
         partition_order, [t for t in tenant_rows if changed.get(t.tenant_id)]
     ):
-        platforms = {p: sigs for t in block for p, sigs in changed[t.tenant_id].items()}
+        platforms = {platform for t in block for platform in changed[t.tenant_id]}
         digest = hashlib.md5(
             "|".join(
                 sorted(
