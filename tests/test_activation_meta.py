@@ -19,8 +19,14 @@ from activation_support import (
 )
 from activation_support import push as push_activation
 
-from cdp_assets.activation.destinations import Destination
-from cdp_assets.activation.identifiers import normalize_email, normalize_phone, sha256_hex
+from cdp_assets.activation.audiences import audience_members
+from cdp_assets.activation.destinations import Destination, DestinationAudience
+from cdp_assets.activation.identifiers import (
+    meta_row,
+    normalize_email,
+    normalize_phone,
+    sha256_hex,
+)
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.meta.assets import meta_custom_audiences
 from cdp_assets.meta.resources import MetaResource
@@ -343,3 +349,16 @@ def test_one_run_pushes_a_range_of_tenants(instance, url, sandbox) -> None:
         ("meta_range_b", "meta_range_b_meta", 135),
     ]
     assert metadata["added"].value == 315
+
+
+def test_one_reading_connection_serves_audiences_read_partly_or_whole(url) -> None:
+    destination = setup(url, "meta_reader", 150, range(120))
+    target = DestinationAudience(destination, AUDIENCE, {}, None)
+    with psycopg.connect(url) as reader:
+        partial = audience_members(reader, target, "BR", meta_row)
+        next(partial)
+        partial.close()  # a reader that stops early (the sync failed mid-audience)
+        assert reader.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        whole = list(audience_members(reader, target, "BR", meta_row))
+        assert reader.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    assert {key for key, _, _ in whole} == {f"meta_reader-{i}" for i in range(120)}

@@ -1,8 +1,8 @@
 """Reading audience members out of the warehouse, hashed row by row on the way out.
 
 Members come from the audience materialized views (`audiences.<audience>`) joined to the
-`customers` mart for the identifiers, streamed with a server-side cursor on a connection of
-their own so memory stays bounded whatever the audience size.
+`customers` mart for the identifiers, streamed with a server-side cursor on a reading
+connection of their own so memory stays bounded whatever the audience size.
 """
 
 from __future__ import annotations
@@ -24,8 +24,9 @@ def audience_views(conn: psycopg.Connection) -> set[str]:
     return {name for (name,) in rows}
 
 
-def require_audience(conn: psycopg.Connection, audience: str) -> None:
-    if audience not in audience_views(conn):
+def require_audience(views: set[str], audience: str) -> None:
+    """`views`: what `audience_views` read (once per run step, not once per audience)."""
+    if audience not in views:
         raise LookupError(
             f"no audience materialized view audiences.{audience}; build the audiences with dbt"
             " (or fix the audience name in cdp.destination_audiences)"
@@ -38,11 +39,18 @@ NORMALIZATION_VERSION = "2"  # 2: names re-composed (NFC) after dropping symbols
 
 
 def audience_members(
-    url: str, target: DestinationAudience, default_country: str, build_row: RowBuilder
+    conn: psycopg.Connection,
+    target: DestinationAudience,
+    default_country: str,
+    build_row: RowBuilder,
 ) -> Iterator[tuple[str, str, list[str]]]:
     """(customer_key, source fingerprint, hashed row) for every member of one tenant's
     audience. A member whose inputs are unchanged since the destination confirmed it gets
-    its confirmed row back instead of being normalized and hashed again."""
+    its confirmed row back instead of being normalized and hashed again.
+
+    `conn` is the caller's connection for reading members (not the one writing the sync
+    state): each audience reads in a transaction of its own on it, ended even when the
+    reader stops early, so one connection serves every audience of a run step."""
     query = sql.SQL(
         """
         WITH members AS (
@@ -69,10 +77,10 @@ def audience_members(
         "destination_id": target.destination.destination_id,
         "audience": target.audience,
     }
-    with psycopg.connect(url) as conn, conn.cursor(name="audience_members") as cursor:
+    with conn.transaction(), conn.cursor(name="audience_members") as cursor:
         # Every row is read: plan for the whole result, not for the first 10 % (the cursor
         # default), which picks a quadratic nested loop when the view's statistics are stale.
-        conn.execute("SET cursor_tuple_fraction = 1.0")
+        conn.execute("SET LOCAL cursor_tuple_fraction = 1.0")
         cursor.itersize = 10_000
         cursor.execute(query, params)
         for *contact, source_fingerprint, confirmed in cursor:

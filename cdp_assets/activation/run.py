@@ -16,6 +16,7 @@ from cdp_assets.activation.audiences import (
     RowBuilder,
     audience_members,
     audience_signature,
+    audience_views,
     require_audience,
 )
 from cdp_assets.activation.destinations import (
@@ -167,17 +168,17 @@ def activate_audiences(
     build_row: RowBuilder,
 ) -> dg.MaterializeResult:
     """`activate` for ad platforms: members from the audience views, hashed by `build_row`."""
-    url = warehouse.url_migrated()
-    with warehouse.connect() as conn:
+    with warehouse.connect() as conn, warehouse.connect() as reader:
         countries = {
             tenant_id: get_tenant(conn, tenant_id).default_country
             for tenant_id in context.partition_keys
         }
+        views = audience_views(conn)
 
         def members(target: DestinationAudience) -> MemberSource:
-            require_audience(conn, target.audience)
+            require_audience(views, target.audience)
             country = countries[target.destination.tenant_id]
-            return lambda: audience_members(url, target, country, build_row)
+            return lambda: audience_members(reader, target, country, build_row)
 
         return activate(
             context,
