@@ -1,8 +1,6 @@
 -- One row per Master Data CL document: the customer's own profile, with the real e-mail.
 with customers as (
-    select * from {{ source('raw_vtex', 'customers') }} as raw_customers
-    where {{ tenant_filter('raw_customers.tenant_id') }}
-        and {{ landed_since_staged('raw_customers', 'customer_id') }}
+    {{ landed_since_staged(source('raw_vtex', 'customers'), 'customer_id') }}
 )
 
 select
