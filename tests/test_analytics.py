@@ -275,11 +275,12 @@ def test_a_refresh_parses_only_the_documents_that_landed_since(
     analytics, conn, instance, warehouse_url, scope
 ):
     """Staging re-parses a raw order that lands again (its synced_at moves), and one stamped
-    before the newest staged order but within the lookback (a landing that committed late).
-    It leaves alone one whose document changed without landing, and one stamped before the
-    lookback: proof that the rest is not re-read."""
-    (newest,) = conn.execute(
-        "SELECT max(landed_at) FROM staging.stg_vtex__orders WHERE tenant_id = 'an_tiny'"
+    shortly before the last refresh (within the lookback: a landing that committed after that
+    refresh read). It leaves alone one whose document changed without landing, and one
+    stamped before the lookback: proof that the rest is not re-read."""
+    newest, refreshed = conn.execute(
+        "SELECT max(landed_at), max(staged_at) FROM staging.stg_vtex__orders"
+        " WHERE tenant_id = 'an_tiny'"
     ).fetchone()
     landed, late, untouched, stale = (
         order_id
@@ -321,13 +322,13 @@ def test_a_refresh_parses_only_the_documents_that_landed_since(
     stamps = {}
     for order_id, landing in (
         (landed, ", synced_at = clock_timestamp()"),
-        (late, ", synced_at = %(newest)s - interval '30 minutes'"),
+        (late, ", synced_at = %(refreshed)s - interval '2 minutes'"),
         (untouched, ""),
-        (stale, ", synced_at = %(newest)s - interval '2 hours'"),
+        (stale, ", synced_at = %(refreshed)s - interval '2 hours'"),
     ):
         (stamps[order_id],) = conn.execute(
             edit.replace("{landing}", landing),
-            {"currency": "XTS", "order_id": order_id, "newest": newest},
+            {"currency": "XTS", "order_id": order_id, "refreshed": refreshed},
         ).fetchone()
     conn.commit()
     try:

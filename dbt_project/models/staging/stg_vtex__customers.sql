@@ -18,5 +18,7 @@ select
         then (payload ->> 'isNewsletterOptIn')::boolean end as is_newsletter_opt_in,
     (payload ->> 'createdIn')::timestamptz as created_at,
     (payload ->> 'updatedIn')::timestamptz as updated_at,
-    synced_at as landed_at
+    synced_at as landed_at,
+    -- The refresh's own time (its transaction's start): where the next one starts looking.
+    now() as staged_at
 from customers

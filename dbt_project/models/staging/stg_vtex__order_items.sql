@@ -30,5 +30,7 @@ select
     ((item ->> 'price')::numeric / 100)::numeric(18, 2) as unit_price,
     ((item ->> 'sellingPrice')::numeric / 100)::numeric(18, 2) as selling_price,
     ((item ->> 'sellingPrice')::numeric * (item ->> 'quantity')::numeric / 100)::numeric(18, 2) as line_total,
-    synced_at as landed_at
+    synced_at as landed_at,
+    -- The refresh's own time (its transaction's start): where the next one starts looking.
+    now() as staged_at
 from items

@@ -66,6 +66,8 @@ select
     created_at,
     last_change_at,
     landed_at,
+    -- The refresh's own time (its transaction's start): where the next one starts looking.
+    now() as staged_at,
     (created_at at time zone 'UTC')::date as order_date,
     order_total,
     currency_code,
