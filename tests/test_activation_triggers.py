@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 from datetime import datetime, timedelta
 
@@ -9,12 +10,14 @@ import dagster as dg
 import psycopg
 import pytest
 from activation_support import (
+    AUDIENCE,
     activation_warehouse,
     add_tenant_with_customers,
     register_destination,
     set_members,
 )
 
+from cdp_assets.activation.audiences import audience_signatures
 from cdp_assets.activation.destinations import Destination
 from cdp_assets.activation.triggers import (
     cadence_requests,
@@ -84,6 +87,20 @@ def test_sensor_requests_only_tenants_whose_audiences_changed(instance, url) -> 
         set_members(conn, "trig_a", range(20, 220))
         (later,) = change_requests(changed_audiences(conn), rows, ORDER)
         assert later.run_key != first.run_key
+
+
+def test_one_query_signs_every_tenant_of_an_audience(url) -> None:
+    """A tenant's signature is its member count and a digest of its sorted member keys,
+    whatever other tenants the same query signs; a tenant without members signs as none."""
+    with psycopg.connect(url) as conn:
+        set_members(conn, "trig_b", [3, 1, 2])
+        signatures = audience_signatures(conn, AUDIENCE, ["trig_b", "trig_a", "nobody"])
+        alone = audience_signatures(conn, AUDIENCE, ["trig_b"])
+    digest = hashlib.md5(b"trig_b-1,trig_b-2,trig_b-3").hexdigest()
+    assert alone == {"trig_b": f"3:{digest}"}
+    assert signatures["trig_b"] == alone["trig_b"]
+    assert signatures["nobody"] == "0:"
+    assert signatures["trig_a"].split(":")[0] == "200"
 
 
 def test_cadence_runs_every_48_hours_across_month_and_year_ends(url) -> None:

@@ -7,7 +7,7 @@ connection of their own so memory stays bounded whatever the audience size.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import psycopg
 from psycopg import sql
@@ -88,14 +88,20 @@ def audience_members(
             yield contact[0], source_fingerprint, row
 
 
-def audience_signature(conn: psycopg.Connection, tenant_id: str, audience: str) -> str:
-    """Member count and a digest of the member keys: changes exactly when membership does."""
-    row = conn.execute(
+def audience_signatures(
+    conn: psycopg.Connection, audience: str, tenant_ids: Iterable[str]
+) -> dict[str, str]:
+    """tenant -> member count and a digest of the member keys, which changes exactly when
+    the tenant's membership does; one query for all the tenants given."""
+    wanted = sorted(set(tenant_ids))
+    rows = conn.execute(
         sql.SQL(
-            "SELECT count(*) || ':' || coalesce(md5(string_agg(customer_key, ','"
-            " ORDER BY customer_key)), '') FROM audiences.{audience} WHERE tenant_id = %s"
+            "SELECT tenant_id, count(*) || ':' || md5(string_agg(customer_key, ','"
+            " ORDER BY customer_key)) FROM audiences.{audience} WHERE tenant_id = ANY(%s)"
+            " GROUP BY tenant_id"
         ).format(audience=sql.Identifier(audience)),
-        (tenant_id,),
-    ).fetchone()
-    assert row is not None
-    return row[0]
+        (wanted,),
+    ).fetchall()
+    found = dict(rows)
+    # No member: what count and digest give for none.
+    return {tenant_id: found.get(tenant_id, "0:") for tenant_id in wanted}

@@ -15,7 +15,7 @@ import psycopg
 from cdp_assets.activation.audiences import (
     RowBuilder,
     audience_members,
-    audience_signature,
+    audience_signatures,
     audience_views,
     require_audience,
 )
@@ -174,18 +174,22 @@ def activate_audiences(
             for tenant_id in context.partition_keys
         }
         views = audience_views(conn)
+        # audience -> tenant -> signature, for every tenant of the run at the audience's first
+        # push: one query per audience, not per tenant. A view refreshed before a later
+        # tenant's members are read leaves that tenant an older signature, so the change
+        # sensor pushes it once more (the diff sends nothing new).
+        signatures: dict[str, dict[str, str]] = {}
 
         def members(target: DestinationAudience) -> MemberSource:
             require_audience(views, target.audience)
             country = countries[target.destination.tenant_id]
             return lambda: audience_members(reader, target, country, build_row)
 
-        return activate(
-            context,
-            conn,
-            platforms,
-            config,
-            platform_for,
-            members,
-            lambda target: audience_signature(conn, target.destination.tenant_id, target.audience),
-        )
+        def signature(target: DestinationAudience) -> str:
+            if target.audience not in signatures:
+                signatures[target.audience] = audience_signatures(
+                    conn, target.audience, context.partition_keys
+                )
+            return signatures[target.audience][target.destination.tenant_id]
+
+        return activate(context, conn, platforms, config, platform_for, members, signature)

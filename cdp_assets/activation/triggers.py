@@ -10,7 +10,7 @@ from datetime import datetime
 import dagster as dg
 import psycopg
 
-from cdp_assets.activation.audiences import audience_signature, audience_views
+from cdp_assets.activation.audiences import audience_signatures, audience_views
 from cdp_assets.analytics.schedules import on_48_hour_cadence
 from cdp_assets.google.assets import google_customer_match
 from cdp_assets.lib.warehouse import WarehouseResource
@@ -49,16 +49,21 @@ def changed_audiences(conn: psycopg.Connection) -> dict[str, dict[str, set[str]]
         """
     ).fetchall()
     views = audience_views(conn)
-    signatures: dict[tuple[str, str], str] = {}
+    tenants_of: dict[str, set[str]] = defaultdict(set)
+    for tenant_id, _, audience, _ in rows:
+        tenants_of[audience].add(tenant_id)
+    signatures = {
+        audience: audience_signatures(conn, audience, tenant_ids)
+        for audience, tenant_ids in tenants_of.items()
+        if audience in views
+    }
     changed: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
     for tenant_id, platform, audience, synced in rows:
-        if audience not in views:
+        if audience not in signatures:
             continue
-        key = (tenant_id, audience)
-        if key not in signatures:
-            signatures[key] = audience_signature(conn, tenant_id, audience)
-        if signatures[key] != synced:
-            changed[tenant_id][platform].add(f"{audience}={signatures[key]}")
+        signature = signatures[audience][tenant_id]
+        if signature != synced:
+            changed[tenant_id][platform].add(f"{audience}={signature}")
     return changed
 
 
