@@ -69,9 +69,6 @@ def upsert_documents(
         for row in rows:
             copy.write_row((tenant_id, *row))
     # DISTINCT ON: one incoming row per key (the newest), since a batch may repeat a key.
-    # synced_at is the time of this statement, not of the transaction's start (now()): the
-    # commit follows at once, so a row is visible moments after the time it carries, which
-    # bounds the lookback of the staging refresh (dbt var staging_lookback_minutes).
     query = sql.SQL(
         """
         WITH incoming AS (
@@ -79,9 +76,9 @@ def upsert_documents(
             ORDER BY {key}, change_stamp DESC
         ), upserted AS (
             INSERT INTO {target} AS t ({cols}, synced_at)
-            SELECT {cols}, clock_timestamp() FROM incoming
+            SELECT {cols}, now() FROM incoming
             ON CONFLICT (tenant_id, {key}) DO UPDATE
-               SET {assignments}, synced_at = clock_timestamp()
+               SET {assignments}, synced_at = now()
              WHERE excluded.change_stamp >= t.change_stamp
                AND excluded.payload IS DISTINCT FROM t.payload
             RETURNING (xmax = 0) AS inserted

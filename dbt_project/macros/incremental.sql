@@ -38,99 +38,21 @@
 
 
 {#-
-    The raw documents a staging model has to parse, as a query over `raw_relation` (aliased
-    `landed`): on an incremental run, those that landed (were inserted or changed: raw
-    synced_at) since the model parsed them; otherwise every document in scope.
-
-    Raw rows are never deleted, so "no staged row with this key and landing time" is exactly
-    the work left. It is looked for only among the documents landed since shortly before the
-    tenant's last refresh that staged any (its staged_at): an index on (tenant_id, synced_at)
-    finds them, where checking every document read the whole raw table (a million orders) to
-    find the day's few thousand. Those landed earlier had committed before that refresh read,
-    and it staged them: the landing stamps a row in the statement that writes it and commits
-    at once (cdp_assets/lib/upsert.py), and the lookback (var staging_lookback_minutes)
-    covers that moment. A table staged before it had staged_at is checked whole, once.
-
-    Each tenant's time is written into the query as a constant: from a join or a subquery the
-    planner cannot tell how many rows follow it, and reads the whole table.
+    Filter of the staging models that parse raw documents: on an incremental run, only the
+    raw rows that landed (were inserted or changed: raw synced_at) since the model parsed
+    them. Raw rows are never deleted, so "no staged row with this key and landing time" is
+    exactly the work left, whatever order rows landed in and however long ago the model
+    last ran. Parsing every document again on each refresh was most of a refresh's time.
 -#}
 {% macro landed_since_staged(raw_relation, key) -%}
     {%- if is_incremental() -%}
-        {%- set landed_from = landed_from_by_tenant(raw_relation) -%}
-        select * from {{ raw_relation }} as landed
-        where (
-            {%- for tenant_id, since in landed_from.items() %}
-            {{ "or " if not loop.first }}(landed.tenant_id = {{ sql_literal(tenant_id) }}
-                {%- if since is not none %} and landed.synced_at >= to_timestamp({{ since | int }}){% endif %})
-            {%- else %}
-            false
-            {%- endfor %}
+        not exists (
+            select from {{ this }} as staged
+            where staged.tenant_id = {{ raw_relation }}.tenant_id
+                and staged.{{ key }} = {{ raw_relation }}.{{ key }}
+                and staged.landed_at = {{ raw_relation }}.synced_at
         )
-            and not exists (
-                select from {{ this }} as staged
-                where staged.tenant_id = landed.tenant_id
-                    and staged.{{ key }} = landed.{{ key }}
-                    and staged.landed_at = landed.synced_at
-            )
     {%- else -%}
-        select * from {{ raw_relation }} as landed
-        where {{ tenant_filter('landed.tenant_id') }}
+        true
     {%- endif -%}
-{%- endmacro %}
-
-
-{#-
-    tenant -> where its new documents start (Unix seconds: the lookback before the last
-    refresh that staged any), or none to read all of its documents: for the tenants in scope
-    with documents in `raw_relation`, queried when the model runs.
--#}
-{% macro landed_from_by_tenant(raw_relation) -%}
-    {%- if not execute -%}
-        {{ return({}) }}
-    {%- endif -%}
-    {%- set tenant_ids = tenant_ids_var() -%}
-    {%- if tenant_ids is none -%}
-        {%- set tenant_ids = run_query(tenants_with_rows(raw_relation)).columns[0].values() -%}
-    {%- endif -%}
-    {%- set landed_from = {} -%}
-    {%- for tenant_id in tenant_ids -%}
-        {%- do landed_from.update({tenant_id: none}) -%}
-    {%- endfor -%}
-    {%- set staged_columns = adapter.get_columns_in_relation(this) | map(attribute='name') | list -%}
-    {%- if 'staged_at' in staged_columns and tenant_ids | length > 0 -%}
-        {%- set last_refreshes -%}
-            select
-                tenant_id,
-                floor(extract(epoch from max(staged_at)))::bigint
-                    - 60 * {{ var('staging_lookback_minutes') | int }}
-            from {{ this }}
-            where {{ tenant_filter() }} and staged_at is not null
-            group by tenant_id
-        {%- endset -%}
-        {%- for row in run_query(last_refreshes).rows if row[0] in landed_from -%}
-            {%- do landed_from.update({row[0]: row[1]}) -%}
-        {%- endfor -%}
-    {%- endif -%}
-    {{ return(landed_from) }}
-{%- endmacro %}
-
-
-{#-
-    The tenants with rows in `relation`, whose primary key starts with tenant_id: found by
-    skipping through that key, one index probe per tenant, not a read of the table.
--#}
-{% macro tenants_with_rows(relation) -%}
-    with recursive found (tenant_id) as (
-        (select tenant_id from {{ relation }} order by tenant_id limit 1)
-        union all
-        select (
-            select following.tenant_id from {{ relation }} as following
-            where following.tenant_id > found.tenant_id
-            order by following.tenant_id
-            limit 1
-        )
-        from found
-        where found.tenant_id is not null
-    )
-    select tenant_id from found where tenant_id is not null
 {%- endmacro %}

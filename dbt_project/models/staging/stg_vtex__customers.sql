@@ -1,6 +1,8 @@
 -- One row per Master Data CL document: the customer's own profile, with the real e-mail.
 with customers as (
-    {{ landed_since_staged(source('raw_vtex', 'customers'), 'customer_id') }}
+    select * from {{ source('raw_vtex', 'customers') }} as raw_customers
+    where {{ tenant_filter('raw_customers.tenant_id') }}
+        and {{ landed_since_staged('raw_customers', 'customer_id') }}
 )
 
 select
@@ -18,7 +20,5 @@ select
         then (payload ->> 'isNewsletterOptIn')::boolean end as is_newsletter_opt_in,
     (payload ->> 'createdIn')::timestamptz as created_at,
     (payload ->> 'updatedIn')::timestamptz as updated_at,
-    synced_at as landed_at,
-    -- The refresh's own time (its transaction's start): where the next one starts looking.
-    now() as staged_at
+    synced_at as landed_at
 from customers

@@ -1,6 +1,8 @@
 -- One row per order line (items[] of the Get-order document), prices from cents to units.
 with orders as (
-    {{ landed_since_staged(source('raw_vtex', 'orders'), 'order_id') }}
+    select * from {{ source('raw_vtex', 'orders') }} as raw_orders
+    where {{ tenant_filter('raw_orders.tenant_id') }}
+        and {{ landed_since_staged('raw_orders', 'order_id') }}
 ),
 
 items as (
@@ -30,7 +32,5 @@ select
     ((item ->> 'price')::numeric / 100)::numeric(18, 2) as unit_price,
     ((item ->> 'sellingPrice')::numeric / 100)::numeric(18, 2) as selling_price,
     ((item ->> 'sellingPrice')::numeric * (item ->> 'quantity')::numeric / 100)::numeric(18, 2) as line_total,
-    synced_at as landed_at,
-    -- The refresh's own time (its transaction's start): where the next one starts looking.
-    now() as staged_at
+    synced_at as landed_at
 from items

@@ -1,6 +1,8 @@
 -- One row per order: the Get-order document flattened, money from integer cents to units.
 with orders as (
-    {{ landed_since_staged(source('raw_vtex', 'orders'), 'order_id') }}
+    select * from {{ source('raw_vtex', 'orders') }} as raw_orders
+    where {{ tenant_filter('raw_orders.tenant_id') }}
+        and {{ landed_since_staged('raw_orders', 'order_id') }}
 ),
 
 -- The landed summary, not the document: it holds the fields read here in the document's own
@@ -66,8 +68,6 @@ select
     created_at,
     last_change_at,
     landed_at,
-    -- The refresh's own time (its transaction's start): where the next one starts looking.
-    now() as staged_at,
     (created_at at time zone 'UTC')::date as order_date,
     order_total,
     currency_code,
