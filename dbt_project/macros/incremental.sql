@@ -56,3 +56,14 @@
         true
     {%- endif -%}
 {%- endmacro %}
+
+
+{#-
+    A post-hook: an index for reading a table's rows by key, created once and kept through
+    every incremental run (dbt's `indexes` config builds one only with a new table, under a new
+    name each time).
+-#}
+{% macro key_index(columns) -%}
+    create index if not exists {{ this.identifier }}_{{ columns | join('_') }}_idx
+        on {{ this }} ({{ columns | join(', ') }})
+{%- endmacro %}
