@@ -234,6 +234,18 @@ def test_refreshing_one_tenant_leaves_the_others_untouched(analytics, conn, inst
     assert fingerprint() == before
 
 
+def test_customers_keep_one_index_by_tenant_and_key_through_refreshes(analytics, conn, instance):
+    """The activation reads members joined to `customers` by (tenant_id, customer_key): the
+    index is there after the first build and stays one index after every refresh."""
+    index_sql = (
+        "SELECT indexdef FROM pg_indexes WHERE schemaname = 'marts' AND tablename = 'customers'"
+    )
+    assert refresh_tenant(instance, "an_tiny").success
+    conn.commit()  # a fresh snapshot
+    (definition,) = [row for (row,) in conn.execute(index_sql)]
+    assert definition.endswith("(tenant_id, customer_key)")
+
+
 def test_a_tenants_run_tests_only_that_tenants_rows(analytics, conn, instance):
     """One tenant's bad row (a segment outside the table) fails neither another tenant's run
     nor that run's checks: the dbt tests of a tenant's run read that tenant's rows."""
