@@ -34,10 +34,11 @@
 
 
 {#-
-    Ends a subquery that computes a value the expression around it reads more than once.
-    Without it the planner folds the subquery into that expression, one copy per reference,
-    and runs each regular expression that often (a phone's digits five times): twice the
-    time of identity resolution's normalization. A subquery with OFFSET 0 is left as it is.
+    Ends a subquery that computes a regular expression's result the expression around it
+    reads more than once. Without it the planner folds the subquery into that expression, one
+    copy per reference, and runs the regular expression that often (a phone's digits five
+    times): twice the time of identity resolution's normalization. A subquery with OFFSET 0
+    is left as it is; the levels above it, plain string functions, may be folded.
 -#}
 {% macro computed_once() -%}
     offset 0
@@ -92,9 +93,7 @@
             from (
                 select digits, ltrim(digits, '0') as national, ({{ default_country_calling_code }}) as cc
                 from (select regexp_replace({{ col }}, '[^0-9]', '', 'g') as digits {{ computed_once() }}) as typed
-                {{ computed_once() }}
             ) as parts
-            {{ computed_once() }}
         ) as phone
     )
 {%- endmacro %}
