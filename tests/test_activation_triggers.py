@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 import dagster as dg
 import psycopg
@@ -20,11 +20,13 @@ from activation_support import (
 from cdp_assets.activation.audiences import audience_signatures
 from cdp_assets.activation.destinations import Destination
 from cdp_assets.activation.triggers import (
+    activation_every_48_hours,
     cadence_requests,
     change_requests,
     changed_audiences,
     tenant_blocks,
 )
+from cdp_assets.analytics.schedules import on_48_hour_cadence
 from cdp_assets.google.assets import google_customer_match
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.meta.assets import meta_custom_audiences
@@ -32,6 +34,7 @@ from cdp_assets.meta.resources import MetaResource
 from cdp_assets.partitions import RANGE_END_TAG, RANGE_START_TAG, tenants
 from cdp_assets.sandbox.meta_graph import MetaSandbox
 from cdp_assets.tenants.registry import Tenant, list_tenants
+from cdp_assets.vtex.assets import vtex_product_collections
 
 ORDER = ["trig_a", "trig_b"]  # the tenants' partitions, in order
 
@@ -107,34 +110,60 @@ def test_cadence_runs_every_48_hours_across_month_and_year_ends(url) -> None:
     with psycopg.connect(url) as conn:
         rows = list_tenants(conn)
     days = [datetime(2026, 12, 20, 10) + timedelta(days=n) for n in range(80)]
-    active = [day for day in days if cadence_requests(rows, ORDER, {"trig_a"}, day)]
+    on_meta = {"trig_a": {"meta"}}
+    active = [day for day in days if cadence_requests(rows, ORDER, on_meta, day)]
     gaps = {(b - a).days for a, b in zip(active, active[1:], strict=False)}
     assert gaps == {2}
-    (request,) = cadence_requests(rows, ORDER, {"trig_a"}, active[0])
+    (request,) = cadence_requests(rows, ORDER, on_meta, active[0])
     assert request.partition_key == "trig_a"
-    assert cadence_requests(rows, ORDER, set(), active[0]) == []
+    assert request.asset_selection == [meta_custom_audiences.key]
+    # Google's and the collections' assets get runs of their own, for their tenants only.
+    both = cadence_requests(rows, ORDER, {**on_meta, "trig_b": {"vtex_collections"}}, active[0])
+    assert {(r.partition_key, *r.asset_selection) for r in both} == {
+        ("trig_a", meta_custom_audiences.key),
+        ("trig_b", vtex_product_collections.key),
+    }
+    assert cadence_requests(rows, ORDER, {}, active[0]) == []
 
 
-def test_neighbouring_tenants_share_one_run() -> None:
+def test_neighbouring_tenants_share_one_run_per_platform_asset() -> None:
     rows = [Tenant(t, t, "K", "T", priority=p) for t, p in (("t1", 3), ("t2", 1), ("t4", 2))]
     order = ["t1", "t2", "t3", "t4", "t5"]  # t3 and t5: no change (or inactive)
     assert [[t.tenant_id for t in b] for b in tenant_blocks(order, rows)] == [["t1", "t2"], ["t4"]]
     changed = {
         "t1": {"meta": {"aud=1:x"}},
-        "t2": {"google_data_manager": {"aud=2:y"}},
+        "t2": {"meta": {"aud=2:y"}, "google_data_manager": {"aud=2:y"}},
         "t4": {"meta": {"aud=3:z"}},
     }
-    both, single = change_requests(changed, rows, order)
-    # A range over t1..t2 for both platforms, with the more urgent tenant's priority; t3 is
-    # left out, so t4 runs alone.
-    assert (both.tags[RANGE_START_TAG], both.tags[RANGE_END_TAG]) == ("t1", "t2")
-    assert both.partition_key is None
-    assert both.asset_selection == sorted([meta_custom_audiences.key, google_customer_match.key])
-    assert both.tags["dagster/priority"] == "-1"
-    assert single.partition_key == "t4" and RANGE_START_TAG not in single.tags
-    assert single.asset_selection == [meta_custom_audiences.key]
-    # The run key follows the block's memberships.
-    again = change_requests(changed, rows, order)
-    assert [r.run_key for r in again] == [both.run_key, single.run_key]
+    google, meta_range, meta_single = change_requests(changed, rows, order)
+    # Meta: a range over t1..t2 with the more urgent tenant's priority; t3 is left out, so t4
+    # runs alone. Google: t2 only, in a run of its own.
+    assert meta_range.asset_selection == [meta_custom_audiences.key]
+    assert (meta_range.tags[RANGE_START_TAG], meta_range.tags[RANGE_END_TAG]) == ("t1", "t2")
+    assert meta_range.partition_key is None
+    assert meta_range.tags["dagster/priority"] == "-1"
+    assert meta_single.partition_key == "t4" and RANGE_START_TAG not in meta_single.tags
+    assert meta_single.asset_selection == [meta_custom_audiences.key]
+    assert google.partition_key == "t2" and google.asset_selection == [google_customer_match.key]
+    # The run key follows the block's memberships on the asset's platforms only.
+    keys = [r.run_key for r in change_requests(changed, rows, order)]
+    assert keys == [google.run_key, meta_range.run_key, meta_single.run_key]
+    assert len(set(keys)) == 3
     changed["t2"]["google_data_manager"] = {"aud=2:w"}
-    assert change_requests(changed, rows, order)[0].run_key != both.run_key
+    again = change_requests(changed, rows, order)
+    assert again[0].run_key != google.run_key
+    assert [r.run_key for r in again[1:]] == [meta_range.run_key, meta_single.run_key]
+
+
+def test_schedule_runs_the_assets_of_each_tenants_destinations(instance, url) -> None:
+    """trig_a has a Meta destination, trig_b none: one run, for trig_a's Meta asset."""
+    instance.add_dynamic_partitions(tenants.name, ORDER)
+    days = [datetime(2026, 12, 20, 10, tzinfo=UTC) + timedelta(days=n) for n in range(2)]
+    on, off = sorted(days, key=lambda day: not on_48_hour_cadence(day.date()))
+    resources = {"warehouse": WarehouseResource(url=url)}
+    with dg.build_schedule_context(instance, on, resources=resources) as context:
+        (request,) = activation_every_48_hours(context)
+    assert request.partition_key == "trig_a"
+    assert request.asset_selection == [meta_custom_audiences.key]
+    with dg.build_schedule_context(instance, off, resources=resources) as context:
+        assert isinstance(activation_every_48_hours(context), dg.SkipReason)

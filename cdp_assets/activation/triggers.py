@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 
 import dagster as dg
@@ -97,34 +97,56 @@ def block_request(
     )
 
 
+def asset_requests(
+    platforms_of: Mapping[str, Iterable[str]],
+    tenant_rows: list[Tenant],
+    partition_order: Sequence[str],
+    run_key: Callable[[list[Tenant], dg.AssetKey], str],
+) -> list[dg.RunRequest]:
+    """One run per destination asset and block of neighbouring tenants that have one of its
+    platforms in `platforms_of` (tenant -> platforms): the platforms' pushes run side by side
+    in the run queue, and a failure or re-execution of one leaves the others alone."""
+    requests = []
+    for asset_key in sorted(set(ASSET_BY_PLATFORM.values())):
+        concerned = [
+            tenant
+            for tenant in tenant_rows
+            if any(
+                ASSET_BY_PLATFORM[p] == asset_key for p in platforms_of.get(tenant.tenant_id, ())
+            )
+        ]
+        requests += [
+            block_request(
+                block, f"{asset_key.to_user_string()}|{run_key(block, asset_key)}", [asset_key]
+            )
+            for block in tenant_blocks(partition_order, concerned)
+        ]
+    return requests
+
+
 def change_requests(
     changed: dict[str, dict[str, set[str]]],
     tenant_rows: list[Tenant],
     partition_order: Sequence[str],
 ) -> list[dg.RunRequest]:
-    """One run per block of neighbouring tenants with changes, for the assets of the platforms
-    concerned (a tenant of the block whose change is on one platform only gets an unchanged
-    re-sync of the other, which sends nothing). The run key is a digest of the new
-    memberships: the same change never launches twice."""
-    requests = []
-    for block in tenant_blocks(
-        partition_order, [t for t in tenant_rows if changed.get(t.tenant_id)]
-    ):
-        platforms = {platform for t in block for platform in changed[t.tenant_id]}
-        digest = hashlib.md5(
+    """A run per asset and block of neighbouring tenants with changes on its platforms. The
+    run key is a digest of the block's new memberships there: the same change never launches
+    twice."""
+
+    def digest(block: list[Tenant], asset_key: dg.AssetKey) -> str:
+        return hashlib.md5(
             "|".join(
                 sorted(
-                    f"{t.tenant_id}/{s}"
-                    for t in block
-                    for sigs in changed[t.tenant_id].values()
-                    for s in sigs
+                    f"{tenant.tenant_id}/{signature}"
+                    for tenant in block
+                    for platform, signatures in changed[tenant.tenant_id].items()
+                    if ASSET_BY_PLATFORM[platform] == asset_key
+                    for signature in signatures
                 )
             ).encode()
         ).hexdigest()
-        requests.append(
-            block_request(block, digest, sorted({ASSET_BY_PLATFORM[p] for p in platforms}))
-        )
-    return requests
+
+    return asset_requests(changed, tenant_rows, partition_order, digest)
 
 
 def _tenants_with_partitions(
@@ -155,17 +177,16 @@ def audience_changes_sensor(
 def cadence_requests(
     tenant_rows: list[Tenant],
     partition_order: Sequence[str],
-    tenants_with_destinations: set[str],
+    platforms_of: Mapping[str, Iterable[str]],
     moment: datetime,
 ) -> list[dg.RunRequest]:
-    """Every 48 hours, one run per block of neighbouring tenants that have destinations."""
+    """Every 48 hours, a run per asset and block of neighbouring tenants with active
+    destinations on its platforms (`platforms_of`: tenant -> platforms)."""
     if not on_48_hour_cadence(moment.date()):
         return []
-    with_destinations = [t for t in tenant_rows if t.tenant_id in tenants_with_destinations]
-    return [
-        block_request(block, f"{moment:%Y%m%d}")
-        for block in tenant_blocks(partition_order, with_destinations)
-    ]
+    return asset_requests(
+        platforms_of, tenant_rows, partition_order, lambda block, asset_key: f"{moment:%Y%m%d}"
+    )
 
 
 @dg.schedule(
@@ -178,16 +199,15 @@ def activation_every_48_hours(
     context: dg.ScheduleEvaluationContext, warehouse: WarehouseResource
 ) -> list[dg.RunRequest] | dg.SkipReason:
     """Every active destination of every active tenant, every 48 hours at 10:00."""
+    platforms_of: dict[str, set[str]] = defaultdict(set)
     with warehouse.connect() as conn:
-        with_destinations = {
-            tenant_id
-            for (tenant_id,) in conn.execute(
-                "SELECT DISTINCT tenant_id FROM cdp.destinations WHERE active"
-            )
-        }
+        for tenant_id, platform in conn.execute(
+            "SELECT DISTINCT tenant_id, platform FROM cdp.destinations WHERE active"
+        ):
+            platforms_of[tenant_id].add(platform)
     requests = cadence_requests(
         *_tenants_with_partitions(context, warehouse),
-        with_destinations,
+        platforms_of,
         context.scheduled_execution_time,
     )
     return requests or dg.SkipReason("off day of the 48-hour cadence, or no destinations")
