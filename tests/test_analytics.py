@@ -234,6 +234,111 @@ def test_refreshing_one_tenant_leaves_the_others_untouched(analytics, conn, inst
     assert fingerprint() == before
 
 
+IDENTITY_ROWS_SQL = "SELECT record_id, xmin::text FROM intermediate.{} WHERE tenant_id = 'an_big'"
+IDENTITY_SQL = """
+    SELECT r.*, k.customer_key FROM intermediate.int_identity__records r
+      JOIN intermediate.int_identity__customer_keys k USING (tenant_id, record_id)
+     WHERE r.tenant_id = 'an_big' ORDER BY r.record_id
+"""
+# Each buyer's latest order (the one its record takes its keys from), with its customer.
+LATEST_ORDERS_SQL = """
+    SELECT DISTINCT ON (o.user_profile_id) o.order_id, o.user_profile_id, k.customer_key
+      FROM staging.stg_vtex__orders o
+      JOIN intermediate.int_identity__customer_keys k
+        ON k.tenant_id = o.tenant_id AND k.record_id = 'profile:' || o.user_profile_id
+     WHERE o.tenant_id = 'an_big'
+     ORDER BY o.user_profile_id, o.created_at DESC, o.order_id DESC
+"""
+EDIT_PROFILE_SQL = """
+    UPDATE raw_vtex.orders SET payload = {edit}, summary = {summary}, synced_at = clock_timestamp()
+     WHERE tenant_id = 'an_big' AND order_id = %(order_id)s
+"""
+
+
+def _rewritten(before: dict[str, str], after: dict[str, str]) -> set[str]:
+    return {record for record, version in after.items() if before.get(record) != version}
+
+
+def test_identity_refresh_resolves_only_the_customers_a_change_touches(
+    analytics, conn, instance, warehouse_url
+):
+    """An order taking another customer's document merges the two customers; an order losing
+    its userProfileId becomes a guest record of its own. The refresh rewrites only the rows
+    of the records and customers concerned, and leaves both identity tables exactly as a
+    full rebuild would."""
+    customers: dict[str, tuple[str, str]] = {}
+    for order_id, profile, customer_key in conn.execute(LATEST_ORDERS_SQL):
+        customers.setdefault(customer_key, (order_id, profile))
+    (merged, merged_profile), (donor, donor_profile), (guest, _) = list(customers.values())[:3]
+    originals = conn.execute(
+        "SELECT order_id, payload, summary FROM raw_vtex.orders"
+        " WHERE tenant_id = 'an_big' AND order_id = ANY(%s)",
+        ([merged, guest],),
+    ).fetchall()
+    versions = {
+        table: dict(conn.execute(IDENTITY_ROWS_SQL.format(table)).fetchall())
+        for table in ("int_identity__records", "int_identity__customer_keys")
+    }
+    take_document = (
+        "jsonb_set({column}, '{{clientProfileData,document}}', (SELECT payload -> "
+        "'clientProfileData' -> 'document' FROM raw_vtex.orders WHERE tenant_id = 'an_big'"
+        " AND order_id = %(donor)s))"
+    )
+    drop_profile = "{column} #- '{{clientProfileData,userProfileId}}'"
+    try:
+        for edit, order_id in ((take_document, merged), (drop_profile, guest)):
+            conn.execute(
+                EDIT_PROFILE_SQL.format(
+                    edit=edit.format(column="payload"), summary=edit.format(column="summary")
+                ),
+                {"order_id": order_id, "donor": donor},
+            )
+        conn.commit()
+        assert refresh_tenant(instance, "an_big").success
+        conn.commit()  # a fresh snapshot
+        keys = dict(
+            conn.execute(
+                "SELECT record_id, customer_key FROM intermediate.int_identity__customer_keys"
+                " WHERE tenant_id = 'an_big'"
+            ).fetchall()
+        )
+        # Two customers before (they were picked so), one now.
+        assert keys[f"profile:{merged_profile}"] == keys[f"profile:{donor_profile}"]
+        assert f"order:{guest}" in keys
+        rewritten_records = _rewritten(
+            versions["int_identity__records"],
+            dict(conn.execute(IDENTITY_ROWS_SQL.format("int_identity__records")).fetchall()),
+        )
+        rewritten_keys = _rewritten(
+            versions["int_identity__customer_keys"],
+            dict(conn.execute(IDENTITY_ROWS_SQL.format("int_identity__customer_keys")).fetchall()),
+        )
+        assert {f"profile:{merged_profile}", f"order:{guest}"} <= rewritten_records
+        assert len(rewritten_records) <= 3
+        assert {f"profile:{merged_profile}", f"order:{guest}"} <= rewritten_keys
+        assert len(rewritten_keys) < len(keys) / 20
+        incremental = conn.execute(IDENTITY_SQL).fetchall()
+        conn.commit()  # the full refresh replaces the tables: no read may hold them
+        run_dbt(
+            warehouse_url,
+            "run",
+            "--full-refresh",
+            "--select",
+            "int_identity__records int_identity__customer_keys",
+        )
+        conn.commit()
+        assert conn.execute(IDENTITY_SQL).fetchall() == incremental
+    finally:
+        for order_id, payload, summary in originals:
+            conn.execute(
+                "UPDATE raw_vtex.orders SET payload = %s, summary = %s,"
+                " synced_at = clock_timestamp() WHERE tenant_id = 'an_big' AND order_id = %s",
+                (Jsonb(payload), Jsonb(summary), order_id),
+            )
+        conn.commit()
+        assert refresh_tenant(instance, "an_big").success
+
+
 def test_customers_keep_one_index_by_tenant_and_key_through_refreshes(analytics, conn, instance):
     """The activation reads members joined to `customers` by (tenant_id, customer_key): the
     index is there after the first build and stays one index after every refresh."""

@@ -67,3 +67,19 @@
     create index if not exists {{ this.identifier }}_{{ columns | join('_') }}_idx
         on {{ this }} ({{ columns | join(', ') }})
 {%- endmacro %}
+
+
+{#-
+    `column` as this incremental model's table holds it, or NULL when the table predates the
+    column: on_schema_change adds a new column only after the model's query ran, so the first
+    run after an upgrade reads NULL (and rebuilds what depends on it).
+-#}
+{% macro built_column(column, data_type) -%}
+    {%- set built = adapter.get_columns_in_relation(this) | map(attribute='name') | list -%}
+    {%- if column in built -%}
+        {{ column }}
+    {%- else -%}
+        null::{{ data_type }} as {{ column }}
+    {%- endif -%}
+{%- endmacro %}
+

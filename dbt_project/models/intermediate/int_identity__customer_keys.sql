@@ -16,52 +16,57 @@
 -- customer_key = md5(tenant_id || '|' || smallest record_id of the component): it changes
 -- only when the component itself changes (two customers merge, or a record with a smaller
 -- id joins), never because unrelated data moved.
+--
+-- Incremental: a run resolves again only the customers a changed record can touch (the
+-- pre-hook identity_resolution_scope finds them; see there). The other customers keep their
+-- rows. A change to var identity_max_records_per_key takes a --full-refresh. The post-hook
+-- deletes the rows of records that are gone.
+{{ config(
+    pre_hook="{{ identity_resolution_scope() }}",
+    post_hook="{{ delete_resolved_records_gone() }}",
+) }}
 -- Records numbered in byte order of their ids (collate "C", so the order does not depend on
 -- the database's locale): the smallest number of a component is its smallest id. Numbers are
 -- unique across tenants, and key values are numbered per tenant, so no link crosses tenants.
 with recursive numbered_records as (
     select
-        tenant_id,
-        record_id,
-        user_profile_id,
-        email_normalized,
-        document_type,
-        document_normalized,
-        phone_e164,
-        row_number() over (order by tenant_id collate "C", record_id collate "C") as record_number
-    from {{ ref('int_identity__records') }}
-    where {{ tenant_filter() }}
+        records.tenant_id,
+        records.record_id,
+        {{ identity_key_columns('records') }},
+        row_number() over (
+            order by records.tenant_id collate "C", records.record_id collate "C"
+        ) as record_number
+    from {{ ref('int_identity__records') }} as records
+    {% if is_incremental() %}
+    inner join identity_resolution_scope as scope
+        on records.tenant_id = scope.tenant_id
+        and records.record_id = scope.record_id
+    {% endif %}
+    where {{ tenant_filter('records.tenant_id') }}
 ),
 
 -- One row per (record, key). Masked Conversation Tracker aliases are already NULL in
 -- email_normalized, so they never become keys. UNION ALL: a record is one row and each kind
 -- of key has its own prefix, so no row can repeat.
 record_keys as (
-    select tenant_id, record_number, 'user_profile_id:' || user_profile_id as identity_key
-    from numbered_records
-    where user_profile_id is not null
-    union all
-    select tenant_id, record_number, 'email:' || email_normalized
-    from numbered_records
-    where email_normalized is not null
-    union all
-    select tenant_id, record_number, 'document:' || document_type || ':' || document_normalized
-    from numbered_records
-    where document_normalized is not null
-    union all
-    select tenant_id, record_number, 'phone:' || phone_e164
-    from numbered_records
-    where phone_e164 is not null
+    {{ identity_keys('numbered_records', 'record_number') }}
 ),
 
 -- A value shared by many records (a call-center e-mail, a placeholder phone or document) is
 -- not a person: it would chain strangers into one giant customer, so it is not a key. A
 -- value only one record has links nothing: left out, the joins below have less to do.
+-- Records are counted over the whole tenant, not only those being resolved.
 linking_key_values as (
+    {% if is_incremental() %}
+    select tenant_id, identity_key, row_number() over () as key_number
+    from identity_key_counts
+    where records between 2 and {{ var('identity_max_records_per_key') | int }}
+    {% else %}
     select tenant_id, identity_key, row_number() over () as key_number
     from record_keys
     group by tenant_id, identity_key
     having count(*) between 2 and {{ var('identity_max_records_per_key') | int }}
+    {% endif %}
 ),
 
 linking_keys as (
@@ -132,7 +137,8 @@ components as (
 select
     numbered_records.tenant_id,
     numbered_records.record_id,
-    md5(numbered_records.tenant_id || '|' || anchors.record_id) as customer_key
+    md5(numbered_records.tenant_id || '|' || anchors.record_id) as customer_key,
+    {{ identity_key_columns('numbered_records') }}
 from components
 inner join numbered_records on components.record_number = numbered_records.record_number
 inner join numbered_records as anchors on components.anchor_record_number = anchors.record_number

@@ -3,15 +3,31 @@
 --   without a userProfileId (a guest checkout VTEX did not profile), or
 -- - a Master Data CL document (the customer's own profile, with the real e-mail).
 -- int_identity__customer_keys links records that share a key into one customer.
+--
+-- Incremental: a run rebuilds only the records whose source rows landed since they were
+-- built. source_landing is the sum of those rows' landing times: a new order, or an order or
+-- CL document landing again, changes it. A record whose tenant's default country changed is
+-- rebuilt too (its phones normalize differently). The post-hook deletes the order profiles
+-- left without orders (an order that gained or lost its userProfileId moved to another
+-- record). A change to the normalization itself takes a --full-refresh.
+{{ config(post_hook="{{ delete_order_records_gone() }}") }}
 {% set latest_first = 'last_seen_at desc, order_id desc' %}
 
-with orders as (
-    select * from {{ ref('stg_vtex__orders') }}
+-- Not materialized: an incremental run reads them twice (which records to rebuild, then those
+-- records), and a second scan of the staging table costs less than a copy of it.
+with orders as not materialized (
+    select
+        *,
+        {{ order_record_id('user_profile_id', 'order_id') }} as record_id
+    from {{ ref('stg_vtex__orders') }}
     where {{ tenant_filter() }}
 ),
 
-master_data as (
-    select * from {{ ref('stg_vtex__customers') }}
+master_data as not materialized (
+    select
+        *,
+        'cl:' || customer_id as record_id
+    from {{ ref('stg_vtex__customers') }}
     where {{ tenant_filter() }}
 ),
 
@@ -23,6 +39,34 @@ tenants as (
     from {{ ref('stg_cdp__tenants') }}
 ),
 
+{% if is_incremental() %}
+built_records as (
+    select tenant_id, record_id, country, {{ built_column('source_landing', 'numeric') }}
+    from {{ this }}
+    where {{ tenant_filter() }}
+),
+
+source_landings as (
+    select tenant_id, record_id, sum(extract(epoch from landed_at)) as source_landing
+    from orders
+    group by tenant_id, record_id
+    union all
+    select tenant_id, record_id, extract(epoch from landed_at)
+    from master_data
+),
+
+records_to_build as (
+    select source_landings.tenant_id, source_landings.record_id
+    from source_landings
+    left join tenants on source_landings.tenant_id = tenants.tenant_id
+    left join built_records
+        on source_landings.tenant_id = built_records.tenant_id
+        and source_landings.record_id = built_records.record_id
+    where built_records.source_landing is distinct from source_landings.source_landing
+        or built_records.country is distinct from tenants.default_country
+),
+{% endif %}
+
 -- Record ids carry their kind as a prefix. 'cl:' sorts before 'order:' and 'profile:', so
 -- a customer with a CL document keeps the key derived from it as new orders arrive.
 -- A buyer's orders mostly repeat the same contact data: each distinct contact (per record)
@@ -31,7 +75,7 @@ tenants as (
 order_contacts as (
     select
         tenant_id,
-        {{ order_record_id('user_profile_id', 'order_id') }} as record_id,
+        record_id,
         user_profile_id,
         order_email_raw as email_raw,
         document,
@@ -41,8 +85,12 @@ order_contacts as (
         last_name,
         max(order_id) as order_id,
         min(created_at) as first_seen_at,
-        max(created_at) as last_seen_at
+        max(created_at) as last_seen_at,
+        sum(extract(epoch from landed_at)) as source_landing
     from orders
+    {% if is_incremental() %}
+    where (tenant_id, record_id) in (select tenant_id, record_id from records_to_build)
+    {% endif %}
     group by
         tenant_id, record_id, user_profile_id, order_email_raw, document, document_type,
         phone_raw, first_name, last_name
@@ -55,6 +103,7 @@ order_identities as (
         order_contacts.order_id,
         order_contacts.first_seen_at,
         order_contacts.last_seen_at,
+        order_contacts.source_landing,
         order_contacts.user_profile_id,
         {{ normalized_contact_columns('order_contacts') }}
     from order_contacts
@@ -83,7 +132,8 @@ order_profiles as (
         -- Newsletter consent is the customer's CL choice, not an order attribute.
         null::boolean as is_newsletter_opt_in,
         min(first_seen_at) as first_seen_at,
-        max(last_seen_at) as last_seen_at
+        max(last_seen_at) as last_seen_at,
+        sum(source_landing) as source_landing
     from order_identities
     group by tenant_id, record_id
 ),
@@ -91,7 +141,7 @@ order_profiles as (
 master_data_records as (
     select
         master_data.tenant_id,
-        'cl:' || master_data.customer_id as record_id,
+        master_data.record_id,
         'master_data' as record_source,
         master_data.customer_id as source_id,
         -- CL userId is the userProfileId on the customer's orders.
@@ -99,9 +149,14 @@ master_data_records as (
         {{ normalized_contact_columns('master_data') }},
         master_data.is_newsletter_opt_in,
         master_data.created_at as first_seen_at,
-        coalesce(master_data.updated_at, master_data.created_at) as last_seen_at
+        coalesce(master_data.updated_at, master_data.created_at) as last_seen_at,
+        extract(epoch from master_data.landed_at) as source_landing
     from master_data
     left join tenants on master_data.tenant_id = tenants.tenant_id
+    {% if is_incremental() %}
+    where (master_data.tenant_id, master_data.record_id)
+        in (select tenant_id, record_id from records_to_build)
+    {% endif %}
 ),
 
 records as (
@@ -129,6 +184,7 @@ select
     records.is_newsletter_opt_in,
     tenants.default_country as country,
     records.first_seen_at,
-    records.last_seen_at
+    records.last_seen_at,
+    records.source_landing
 from records
 left join tenants on records.tenant_id = tenants.tenant_id
