@@ -349,6 +349,16 @@ def test_one_run_pushes_a_range_of_tenants(instance, url, sandbox) -> None:
         ("meta_range_b", "meta_range_b_meta", 135),
     ]
     assert metadata["added"].value == 315
+    # The run's log: a line per tenant with destinations, not one per destination audience.
+    lines = [
+        entry.user_message
+        for entry in instance.all_logs(result.run_id)
+        if not entry.is_dagster_event and entry.user_message.startswith("meta_range_")
+    ]
+    assert lines == [
+        "meta_range_a: 1 destination audiences (1 synced), +180 -0 =0 rejected 0",
+        "meta_range_b: 1 destination audiences (1 synced), +135 -0 =0 rejected 0",
+    ]
 
 
 def test_one_reading_connection_serves_audiences_read_partly_or_whole(url) -> None:

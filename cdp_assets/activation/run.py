@@ -7,6 +7,7 @@ A failing destination does not stop the others; the asset fails at the end, nami
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 
 import dagster as dg
@@ -89,6 +90,24 @@ def activation_metadata(
     return metadata
 
 
+def tenant_summaries(outcomes: list[SyncOutcome], tenant_of: dict[str, str]) -> list[str]:
+    """Per tenant: its destination audiences by status and the members they moved."""
+    by_tenant: dict[str, list[SyncOutcome]] = {}
+    for outcome in outcomes:
+        by_tenant.setdefault(tenant_of[outcome.destination_id], []).append(outcome)
+    lines = []
+    for tenant_id, tenant_outcomes in sorted(by_tenant.items()):
+        statuses = Counter(o.status for o in tenant_outcomes)
+        lines.append(
+            f"{tenant_id}: {len(tenant_outcomes)} destination audiences"
+            f" ({', '.join(f'{n} {status}' for status, n in sorted(statuses.items()))}),"
+            f" +{sum(o.added for o in tenant_outcomes)} -{sum(o.removed for o in tenant_outcomes)}"
+            f" ={sum(o.unchanged for o in tenant_outcomes)}"
+            f" rejected {sum(o.rejected for o in tenant_outcomes)}"
+        )
+    return lines
+
+
 def activate(
     context: dg.AssetExecutionContext,
     conn: psycopg.Connection,
@@ -133,15 +152,15 @@ def activate(
                 )
         if outcome.status == "failed":
             context.log.error(f"{destination.destination_id}/{target.audience}: {outcome.reason}")
-        context.log.info(
-            f"{outcome.destination_id}/{outcome.audience}: {outcome.status}"
-            f" +{outcome.added} -{outcome.removed} ={outcome.unchanged}"
-            f" rejected {outcome.rejected}" + (f" ({outcome.reason})" if outcome.reason else "")
-        )
+        elif outcome.reason:
+            context.log.info(f"{destination.destination_id}/{target.audience}: {outcome.reason}")
         outcomes.append(outcome)
-    metadata = activation_metadata(
-        outcomes, {t.destination.destination_id: t.destination.tenant_id for t in targets}
-    )
+    tenant_of = {t.destination.destination_id: t.destination.tenant_id for t in targets}
+    # One line per tenant, not per destination audience: each line is an event-log write,
+    # and the per-audience figures are in the metadata table.
+    for line in tenant_summaries(outcomes, tenant_of):
+        context.log.info(line)
+    metadata = activation_metadata(outcomes, tenant_of)
     failed = [f"{o.destination_id}/{o.audience}" for o in outcomes if o.status == "failed"]
     if failed:
         # The platforms already retried transient errors with backoff inside this run, and
