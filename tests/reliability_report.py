@@ -11,8 +11,9 @@ import json
 import os
 from pathlib import Path
 
-# Set by `cdp reliability` (cdp_assets.reliability.REPORT_ENV).
-REPORT = Path(os.environ.get("CDP_RELIABILITY_REPORT", "bench/results/reliability.json"))
+# Set by `cdp reliability` (cdp_assets.reliability.REPORT_ENV). A plain test run writes no
+# report: the published one (bench/results/reliability.json) is `cdp reliability`'s.
+REPORT_PATH = os.environ.get("CDP_RELIABILITY_REPORT")
 
 
 class Report:
@@ -42,7 +43,8 @@ class Report:
         )
 
     def write(self) -> None:
-        """The JSON report, when some scenario ran."""
-        if self.rows:
-            REPORT.parent.mkdir(parents=True, exist_ok=True)
-            REPORT.write_text(json.dumps(self.rows, indent=2))
+        """The JSON report, when `cdp reliability` asked for one and some scenario ran."""
+        if REPORT_PATH and self.rows:
+            report = Path(REPORT_PATH)
+            report.parent.mkdir(parents=True, exist_ok=True)
+            report.write_text(json.dumps(self.rows, indent=2))
