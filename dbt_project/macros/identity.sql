@@ -142,9 +142,7 @@
     {#- Columns added by an upgrade are NULL until the first run after it stores them. -#}
     {%- set resolved_rows -%}
         (select tenant_id, record_id, customer_key,
-            {%- for column in identity_key_column_names() %}
-            {{ built_column(column, 'text') }}{{ ',' if not loop.last }}
-            {%- endfor %}
+            {{ built_columns(identity_key_column_names(), 'text') }}
         from {{ this }}
         where {{ tenant_filter() }})
     {%- endset -%}

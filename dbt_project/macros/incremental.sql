@@ -70,16 +70,18 @@
 
 
 {#-
-    `column` as this incremental model's table holds it, or NULL when the table predates the
-    column: on_schema_change adds a new column only after the model's query ran, so the first
-    run after an upgrade reads NULL (and rebuilds what depends on it).
+    `columns` (comma-separated) as this incremental model's table holds them, each one it
+    lacks as NULL of `data_type`: on_schema_change adds a new column only after the model's
+    query ran, so the first run after an upgrade reads NULL (and rebuilds what depends on it).
 -#}
-{% macro built_column(column, data_type) -%}
+{% macro built_columns(columns, data_type) -%}
     {%- set built = adapter.get_columns_in_relation(this) | map(attribute='name') | list -%}
-    {%- if column in built -%}
-        {{ column }}
-    {%- else -%}
-        null::{{ data_type }} as {{ column }}
-    {%- endif -%}
+    {%- for column in columns -%}
+        {%- if column in built -%}
+            {{ column }}
+        {%- else -%}
+            null::{{ data_type }} as {{ column }}
+        {%- endif -%}
+        {{- ', ' if not loop.last -}}
+    {%- endfor -%}
 {%- endmacro %}
-

@@ -41,7 +41,7 @@ tenants as (
 
 {% if is_incremental() %}
 built_records as (
-    select tenant_id, record_id, country, {{ built_column('source_landing', 'numeric') }}
+    select tenant_id, record_id, country, {{ built_columns(['source_landing'], 'numeric') }}
     from {{ this }}
     where {{ tenant_filter() }}
 ),
