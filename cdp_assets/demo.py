@@ -15,7 +15,7 @@ import psycopg
 
 from cdp_assets.activation.destinations import Destination, add_audience, add_destination
 from cdp_assets.activation.triggers import activation_push
-from cdp_assets.analytics.jobs import ANALYTICS_JOB, AUDIENCES_JOB
+from cdp_assets.analytics.jobs import ANALYTICS_JOB, AUDIENCES_JOB, CHURN_HOLDOUT_JOB
 from cdp_assets.definitions import defs
 from cdp_assets.lib.dagster_home import prepare_dagster_home
 from cdp_assets.lib.database import cdp_home
@@ -223,6 +223,8 @@ def materialize_tenant(
     run_job(instance, TENANT_SYNC_JOB, tenant_id, echo, partition_key=tenant_id)
     run_job(instance, ORDERS_SYNC_JOB, tenant_id, echo, tags=order_range_tags(tenant))
     run_job(instance, ANALYTICS_JOB, tenant_id, echo, partition_key=tenant_id)
+    # Weekly in production (churn_holdout_weekly): the check of the churn bands.
+    run_job(instance, CHURN_HOLDOUT_JOB, tenant_id, echo, partition_key=tenant_id)
     return time.monotonic() - started
 
 
@@ -245,6 +247,11 @@ SELECT DISTINCT ON (destination_id, audience) destination_id, audience, status, 
        unchanged, rejected, coalesce(reason, match_info::text)
   FROM cdp.activation_runs WHERE tenant_id = ANY(%s)
  ORDER BY destination_id, audience, activation_run_id DESC
+"""
+HOLDOUT_SQL = """
+SELECT tenant_id, churn_band, round(100 * avg(repurchased::integer)), count(*)
+  FROM marts.churn_holdout WHERE tenant_id = ANY(%s)
+ GROUP BY 1, 2 ORDER BY 1, array_position(ARRAY['low', 'medium', 'high', 'lost'], churn_band)
 """
 SEGMENTS_SQL = """
 SELECT tenant_id, segment, count(*) FROM marts.rfm_segments
@@ -278,6 +285,13 @@ def print_summary(
         segments.setdefault(tenant_id, []).append(f"{segment} {count}")
     for tenant_id in tenant_ids:
         echo(f"{tenant_id:<10}" + (", ".join(segments.get(tenant_id, [])) or "no segments"))
+    echo("")
+    echo("churn holdout: share of each band (as of 180 days ago) that bought again since")
+    bands: dict[str, list[str]] = {}
+    for tenant_id, band, percent, count in conn.execute(HOLDOUT_SQL, (tenant_ids,)).fetchall():
+        bands.setdefault(tenant_id, []).append(f"{band} {percent}% of {count}")
+    for tenant_id in tenant_ids:
+        echo(f"{tenant_id:<10}" + (", ".join(bands.get(tenant_id, [])) or "no customers"))
 
 
 def print_activation(

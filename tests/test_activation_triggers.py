@@ -24,7 +24,6 @@ from cdp_assets.activation.triggers import (
     cadence_requests,
     change_requests,
     changed_audiences,
-    tenant_blocks,
 )
 from cdp_assets.analytics.schedules import on_48_hour_cadence
 from cdp_assets.google.assets import google_customer_match
@@ -34,6 +33,7 @@ from cdp_assets.meta.resources import MetaResource
 from cdp_assets.partitions import RANGE_END_TAG, RANGE_START_TAG, tenants
 from cdp_assets.sandbox.meta_graph import MetaSandbox
 from cdp_assets.tenants.registry import Tenant, list_tenants
+from cdp_assets.tenants.runs import tenant_blocks
 from cdp_assets.vtex.assets import vtex_product_collections
 
 ORDER = ["trig_a", "trig_b"]  # the tenants' partitions, in order

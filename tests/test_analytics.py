@@ -26,7 +26,13 @@ from support import (
 
 from cdp_assets.activation.destinations import Destination, add_audience, add_destination
 from cdp_assets.activation.triggers import changed_audiences
-from cdp_assets.analytics.assets import dbt_audiences, dbt_tenant_models, dbt_tenant_scoring
+from cdp_assets.analytics.assets import (
+    dbt_audiences,
+    dbt_churn_holdout,
+    dbt_holdout_summary,
+    dbt_tenant_models,
+    dbt_tenant_scoring,
+)
 from cdp_assets.analytics.checks import audience_sizes_within_bounds
 from cdp_assets.analytics.dbt_project import (
     DBT_EXECUTABLE,
@@ -74,7 +80,15 @@ TENANTS = {"an_big": BIG, "an_tiny": TINY}
 # The big store again, as its own tenant, whose churn_risk the holdout test rebuilds as of
 # the holdout's calibration date.
 HOLDOUT_TENANT = "an_holdout"
-TENANT_ASSETS = [dbt_tenant_models, customer_predictions, holdout_predictions, dbt_tenant_scoring]
+# The daily refresh and the weekly churn holdout.
+TENANT_ASSETS = [
+    dbt_tenant_models,
+    customer_predictions,
+    dbt_tenant_scoring,
+    dbt_holdout_summary,
+    holdout_predictions,
+    dbt_churn_holdout,
+]
 
 
 def resources() -> dict:
@@ -380,7 +394,8 @@ def test_a_refresh_reuses_the_last_parse_of_the_project(analytics, instance):
     whole project again), and each run keeps its parse for the next."""
     result = refresh_tenant(instance, "an_tiny")
     logs = list((DBT_PROJECT_DIR / "target").glob(f"*-{result.run_id[:7]}-*/dbt.log"))
-    assert len(logs) == 2  # the models before the fits, and the scoring after them
+    # The models before the fits and the scoring after them; the holdout's summary and bands.
+    assert len(logs) == 4
     for log in logs:
         text = log.read_text()
         assert "Unable to do partial parsing" not in text

@@ -77,6 +77,11 @@ def test_sandbox_rate_and_run_breakdown_are_reported(small):
     assert {"dbt_tenant_models", "customer_predictions", "dbt_tenant_scoring"} <= set(
         stages["analytics"]["step_seconds"]
     )
+    # The first build runs the weekly churn holdout too; the daily increment does not.
+    holdout = {"dbt_holdout_summary", "holdout_predictions", "dbt_churn_holdout"}
+    assert holdout <= set(stages["analytics"]["step_seconds"])
+    assert not holdout & set(stages["increment"]["step_seconds"])
+    assert "dbt_tenant_scoring" in stages["increment"]["step_seconds"]
 
 
 def test_clv_fit_is_compared_with_lifetimes_on_each_tenant(small):

@@ -4,20 +4,23 @@ from zoneinfo import ZoneInfo
 import dagster as dg
 import pytest
 
-from cdp_assets.analytics.schedules import audiences_every_48_hours
+from cdp_assets.analytics.jobs import ANALYTICS_JOB, CHURN_HOLDOUT_JOB
+from cdp_assets.analytics.schedules import audiences_every_48_hours, churn_holdout_weekly
 from cdp_assets.definitions import defs
 from cdp_assets.lib.dagster_home import apply_pool_limits
-from cdp_assets.partitions import tenant_months, tenants
+from cdp_assets.lib.warehouse import WarehouseResource
+from cdp_assets.partitions import RANGE_END_TAG, RANGE_START_TAG, tenant_months, tenants
 from cdp_assets.tenants.registry import Tenant, add_tenant, list_tenants
+from cdp_assets.tenants.runs import with_partitions
 from cdp_assets.vtex.schedules import (
     order_sync_requests,
     tenant_run_requests,
     vtex_catalog_daily,
     vtex_orders_twice_daily,
-    with_partitions,
 )
 
 BUENOS_AIRES = ZoneInfo("America/Argentina/Buenos_Aires")
+HOLDOUT_ASSETS = ("int_customers__holdout_summary", "holdout_predictions", "churn_holdout")
 
 
 @pytest.fixture
@@ -78,6 +81,7 @@ def test_the_schedules_are_valid_definitions():
         "vtex_catalog_daily",
         "audiences_every_48_hours",
         "activation_every_48_hours",
+        "churn_holdout_weekly",
     }
     assert {s.name for s in defs.sensors} >= {"tenant_partitions_sensor", "audience_changes_sensor"}
 
@@ -94,6 +98,37 @@ def test_audiences_keep_a_48_hour_rhythm_across_month_and_year_ends():
     gaps = {b - a for a, b in zip(run_days, run_days[1:], strict=False)}
     assert gaps == {timedelta(days=2)}
     assert len(run_days) >= 39
+
+
+def test_churn_holdout_runs_weekly_over_blocks_of_neighbouring_tenants(
+    scheduled_tenants, warehouse_url
+):
+    """One run per block of active tenants that have a partition: the inactive sched_c
+    splits sched_a and sched_b from sched_d."""
+    sunday = datetime(2026, 12, 6, 3, tzinfo=BUENOS_AIRES)
+    resources = {"warehouse": WarehouseResource(url=warehouse_url)}
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions(tenants.name, ["sched_a", "sched_b", "sched_c", "sched_d"])
+        with dg.build_schedule_context(instance, sunday, resources=resources) as context:
+            pair, single = churn_holdout_weekly(context)
+    assert (pair.tags[RANGE_START_TAG], pair.tags[RANGE_END_TAG]) == ("sched_a", "sched_b")
+    assert pair.partition_key is None and pair.tags["dagster/priority"] == "-1"
+    assert single.partition_key == "sched_d" and RANGE_START_TAG not in single.tags
+    assert pair.run_key.endswith("|20261206") and pair.run_key != single.run_key
+    assert churn_holdout_weekly.job_name == CHURN_HOLDOUT_JOB
+    assert churn_holdout_weekly.cron_schedule == "0 3 * * 0"
+
+
+def test_the_daily_refresh_leaves_the_churn_holdout_to_its_weekly_job():
+    graph = defs.resolve_asset_graph()
+    holdout = [dg.AssetKey(k) for k in HOLDOUT_ASSETS]
+    daily = [dg.AssetKey(k) for k in ("customers", "customer_predictions", "churn_risk")]
+    assert all(graph.get(key).automation_condition is None for key in holdout)
+    assert all(graph.get(key).automation_condition is not None for key in daily)
+    daily_job = defs.resolve_job_def(ANALYTICS_JOB).asset_layer.selected_asset_keys
+    weekly_job = defs.resolve_job_def(CHURN_HOLDOUT_JOB).asset_layer.selected_asset_keys
+    assert set(holdout) == set(weekly_job) and not set(holdout) & set(daily_job)
+    assert set(daily) <= set(daily_job)
 
 
 def test_dbt_runs_one_at_a_time(instance):

@@ -15,10 +15,11 @@ from cdp_assets.analytics.schedules import on_48_hour_cadence
 from cdp_assets.google.assets import google_customer_match
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.meta.assets import meta_custom_audiences
-from cdp_assets.partitions import RANGE_END_TAG, RANGE_START_TAG, tenants
-from cdp_assets.tenants.registry import Tenant, list_tenants
+from cdp_assets.partitions import tenants
+from cdp_assets.tenants.registry import Tenant
+from cdp_assets.tenants.runs import block_request, tenant_blocks, tenants_with_partitions
 from cdp_assets.vtex.assets import vtex_product_collections
-from cdp_assets.vtex.schedules import TIMEZONE, run_priority, with_partitions
+from cdp_assets.vtex.schedules import TIMEZONE
 
 ASSET_BY_PLATFORM = {
     "meta": meta_custom_audiences.key,
@@ -65,36 +66,6 @@ def changed_audiences(conn: psycopg.Connection) -> dict[str, dict[str, set[str]]
         if signature != synced:
             changed[tenant_id][platform].add(f"{audience}={signature}")
     return changed
-
-
-def tenant_blocks(partition_order: Sequence[str], tenant_rows: list[Tenant]) -> list[list[Tenant]]:
-    """`tenant_rows` as blocks of neighbours in the tenants' partition order: one block is one
-    range of partitions, which one run covers (the activation assets run a range as one step
-    each). A tenant that is not in `tenant_rows` ends a block, so no run reaches it."""
-    by_id = {tenant.tenant_id: tenant for tenant in tenant_rows}
-    blocks: list[list[Tenant]] = []
-    current: list[Tenant] = []
-    for tenant_id in partition_order:
-        if tenant_id in by_id:
-            current.append(by_id[tenant_id])
-        elif current:
-            blocks.append(current)
-            current = []
-    return blocks + ([current] if current else [])
-
-
-def block_request(
-    block: list[Tenant], run_key: str, asset_selection: list[dg.AssetKey] | None = None
-) -> dg.RunRequest:
-    """One run over a block of tenants, with the priority of the most urgent of them."""
-    first, last = block[0].tenant_id, block[-1].tenant_id
-    scope = {} if first == last else {RANGE_START_TAG: first, RANGE_END_TAG: last}
-    return dg.RunRequest(
-        run_key=f"{first}..{last}|{run_key}",
-        partition_key=first if first == last else None,
-        asset_selection=asset_selection,
-        tags={**scope, **run_priority(min(block, key=lambda tenant: tenant.priority))},
-    )
 
 
 def asset_requests(
@@ -149,16 +120,6 @@ def change_requests(
     return asset_requests(changed, tenant_rows, partition_order, digest)
 
 
-def _tenants_with_partitions(
-    context, warehouse: WarehouseResource
-) -> tuple[list[Tenant], list[str]]:
-    """Active tenants that have a partition, and the partitions in their order."""
-    with warehouse.connect() as conn:
-        rows = list_tenants(conn, active_only=True)
-    order = context.instance.get_dynamic_partitions(tenants.name)
-    return with_partitions(rows, set(order)), order
-
-
 @dg.sensor(
     job=activation_push,
     minimum_interval_seconds=60,
@@ -170,7 +131,7 @@ def audience_changes_sensor(
     """Pushes an audience whose membership changed, within one tick (one minute)."""
     with warehouse.connect() as conn:
         changed = changed_audiences(conn)
-    requests = change_requests(changed, *_tenants_with_partitions(context, warehouse))
+    requests = change_requests(changed, *tenants_with_partitions(context, warehouse))
     return requests or dg.SkipReason("no audience changed since its last sync")
 
 
@@ -206,7 +167,7 @@ def activation_every_48_hours(
         ):
             platforms_of[tenant_id].add(platform)
     requests = cadence_requests(
-        *_tenants_with_partitions(context, warehouse),
+        *tenants_with_partitions(context, warehouse),
         platforms_of,
         context.scheduled_execution_time,
     )

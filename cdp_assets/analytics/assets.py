@@ -30,10 +30,14 @@ RUN_VARS_ENV = "CDP_DBT_RUN_VARS"
 TENANT_MODELS = " ".join(
     f"path:models/{layer},resource_type:model" for layer in ("staging", "intermediate", "marts")
 )
-# They read the Python step's predictions, so they run after it.
-SCORING_MODELS = "churn_risk churn_holdout"
+# It reads the Python step's predictions, so it runs after it.
+SCORING_MODELS = "churn_risk"
+# The churn holdout's models (dbt tag `weekly`): the validation of the bands. They run on
+# the weekly schedule (`churn_holdout_weekly`), not on the daily path.
+HOLDOUT_SUMMARY_MODEL = "int_customers__holdout_summary"
+HOLDOUT_MODEL = "churn_holdout"
 # With their tests (a test of churn_risk also reads customers: keep it out of the first step)
-SCORING_AND_TESTS = "churn_risk+ churn_holdout+"
+NOT_IN_TENANT_MODELS = "churn_risk+ tag:weekly+"
 AUDIENCE_MODELS = "path:models/audiences,resource_type:model"
 
 
@@ -169,7 +173,7 @@ def _with_metadata(
 
 
 @dbt_assets(
-    name="dbt_tenant_models", select=TENANT_MODELS, exclude=SCORING_AND_TESTS, **_tenant_dbt
+    name="dbt_tenant_models", select=TENANT_MODELS, exclude=NOT_IN_TENANT_MODELS, **_tenant_dbt
 )
 def dbt_tenant_models(context: dg.AssetExecutionContext, dbt: DbtCliResource):
     """Staging, identity resolution, customers and RFM segments for the run's tenants."""
@@ -182,12 +186,23 @@ def dbt_tenant_models(context: dg.AssetExecutionContext, dbt: DbtCliResource):
 
 @dbt_assets(name="dbt_tenant_scoring", select=SCORING_MODELS, **_tenant_dbt)
 def dbt_tenant_scoring(context: dg.AssetExecutionContext, dbt: DbtCliResource):
-    """Churn risk for the run's tenants, from their history and the fitted P(alive), and the
-    churn holdout that checks its bands against who bought again."""
+    """Churn risk for the run's tenants, from their history and the fitted P(alive)."""
+    yield from _run_dbt(context, dbt, run_tenants(context))
+
+
+@dbt_assets(name="dbt_holdout_summary", select=HOLDOUT_SUMMARY_MODEL, **_tenant_dbt)
+def dbt_holdout_summary(context: dg.AssetExecutionContext, dbt: DbtCliResource):
+    """The run's tenants' purchase summary as of the churn holdout's calibration date."""
+    yield from _run_dbt(context, dbt, run_tenants(context))
+
+
+@dbt_assets(name="dbt_churn_holdout", select=HOLDOUT_MODEL, **_tenant_dbt)
+def dbt_churn_holdout(context: dg.AssetExecutionContext, dbt: DbtCliResource):
+    """The churn bands as of the calibration date beside who bought again since."""
     tenant_ids = run_tenants(context)
     events = _run_dbt(context, dbt, tenant_ids)
     yield from _with_metadata(
-        dbt_tenant_scoring, events, tenant_ids, {"churn_holdout": holdout_metadata}
+        dbt_churn_holdout, events, tenant_ids, {HOLDOUT_MODEL: holdout_metadata}
     )
 
 

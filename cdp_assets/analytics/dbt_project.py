@@ -133,9 +133,13 @@ def dbt_connection_env(url: str) -> dict[str, str]:
     }
 
 
+WEEKLY_TAG = "weekly"
+
+
 class CdpDbtTranslator(DagsterDbtTranslator):
     """Models keyed by name, grouped by layer (staging, intermediate, marts, audiences), run
-    by the analytics automation when their sources are fresh."""
+    by the analytics automation when their sources are fresh; the models tagged `weekly` run
+    on their schedule instead."""
 
     def get_asset_spec(
         self, manifest: Mapping[str, Any], unique_id: str, project: DbtProject | None
@@ -148,7 +152,7 @@ class CdpDbtTranslator(DagsterDbtTranslator):
         return spec.replace_attributes(
             key=dg.AssetKey(props["name"]),
             group_name=layer,
-            automation_condition=ANALYTICS_AUTOMATION,
+            automation_condition=None if WEEKLY_TAG in props["tags"] else ANALYTICS_AUTOMATION,
         )
 
 

@@ -1,12 +1,22 @@
 import dagster as dg
 
-from cdp_assets.analytics.assets import dbt_audiences, dbt_tenant_models, dbt_tenant_scoring
+from cdp_assets.analytics.assets import (
+    dbt_audiences,
+    dbt_churn_holdout,
+    dbt_holdout_summary,
+    dbt_tenant_models,
+    dbt_tenant_scoring,
+)
 from cdp_assets.analytics.automation import analytics_automation_sensor
 from cdp_assets.analytics.checks import audience_sizes_within_bounds
 from cdp_assets.analytics.dbt_project import dbt_resource
-from cdp_assets.analytics.jobs import analytics_tenant_refresh, audiences_refresh
+from cdp_assets.analytics.jobs import (
+    analytics_tenant_refresh,
+    audiences_refresh,
+    churn_holdout_refresh,
+)
 from cdp_assets.analytics.prediction_assets import customer_predictions, holdout_predictions
-from cdp_assets.analytics.schedules import audiences_every_48_hours
+from cdp_assets.analytics.schedules import audiences_every_48_hours, churn_holdout_weekly
 
 
 def defs() -> dg.Definitions:
@@ -14,13 +24,15 @@ def defs() -> dg.Definitions:
         assets=[
             dbt_tenant_models,
             customer_predictions,
-            holdout_predictions,
             dbt_tenant_scoring,
+            dbt_holdout_summary,
+            holdout_predictions,
+            dbt_churn_holdout,
             dbt_audiences,
         ],
         asset_checks=[audience_sizes_within_bounds],
-        jobs=[analytics_tenant_refresh, audiences_refresh],
-        schedules=[audiences_every_48_hours],
+        jobs=[analytics_tenant_refresh, churn_holdout_refresh, audiences_refresh],
+        schedules=[audiences_every_48_hours, churn_holdout_weekly],
         sensors=[analytics_automation_sensor],
         resources={"dbt": dbt_resource()},
     )

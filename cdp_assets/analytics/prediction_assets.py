@@ -8,7 +8,12 @@ import numpy as np
 import psycopg
 from dagster_dbt import get_asset_key_for_model
 
-from cdp_assets.analytics.assets import dbt_tenant_models, run_tenants
+from cdp_assets.analytics.assets import (
+    HOLDOUT_SUMMARY_MODEL,
+    dbt_holdout_summary,
+    dbt_tenant_models,
+    run_tenants,
+)
 from cdp_assets.analytics.automation import ANALYTICS_AUTOMATION
 from cdp_assets.analytics.predictions import HORIZON_MONTHS, Predictions, predict
 from cdp_assets.lib.warehouse import WarehouseResource
@@ -31,10 +36,16 @@ SUMMARY_SQL = summary_sql("int_customers__purchase_summary")
 
 
 def _predictions_asset(
-    name: str, summary_model: str, record_fits: bool, description: str
+    name: str,
+    summary: tuple[dg.AssetsDefinition, str],
+    automation_condition: dg.AutomationCondition | None,
+    record_fits: bool,
+    description: str,
 ) -> dg.AssetsDefinition:
-    """A tenant-partitioned asset fitting every tenant of its run on `summary_model` and
-    replacing the tenant's rows of `analytics_python.<name>`."""
+    """A tenant-partitioned asset fitting every tenant of its run on the model `summary`
+    (the dbt assets building it, its name) and replacing the tenant's rows of
+    `analytics_python.<name>`."""
+    summary_assets, summary_model = summary
     table = f"analytics_python.{name}"
 
     @dg.asset(
@@ -42,10 +53,10 @@ def _predictions_asset(
         description=description,
         partitions_def=tenants,
         backfill_policy=dg.BackfillPolicy.single_run(),
-        deps=[get_asset_key_for_model([dbt_tenant_models], summary_model)],
+        deps=[get_asset_key_for_model([summary_assets], summary_model)],
         group_name="marts",
         kinds={"python", "scipy", "postgres"},
-        automation_condition=ANALYTICS_AUTOMATION,
+        automation_condition=automation_condition,
         metadata={"dagster/table_name": table},
     )
     def fit(
@@ -75,7 +86,8 @@ def _predictions_asset(
 
 customer_predictions = _predictions_asset(
     "customer_predictions",
-    "int_customers__purchase_summary",
+    (dbt_tenant_models, "int_customers__purchase_summary"),
+    ANALYTICS_AUTOMATION,
     record_fits=True,
     description="""P(alive), expected purchases and CLV over 1, 3 and 5 years per customer.
 
@@ -85,11 +97,13 @@ customer_predictions = _predictions_asset(
 )
 holdout_predictions = _predictions_asset(
     "holdout_predictions",
-    "int_customers__holdout_summary",
+    (dbt_holdout_summary, HOLDOUT_SUMMARY_MODEL),
+    # Run by the weekly churn holdout schedule.
+    None,
     record_fits=False,
     description="""The same fit as customer_predictions, as of the churn holdout's calibration
     date (var churn_holdout_days before as_of): the P(alive) marts.churn_holdout bands with,
-    so the holdout tests the churn rules as they run today.""",
+    so the holdout tests the churn rules as they run today. Weekly.""",
 )
 
 

@@ -14,14 +14,8 @@ import psycopg
 import requests
 
 from cdp_assets.activation.destinations import Destination, add_audience, add_destination
-from cdp_assets.activation.triggers import (
-    activation_push,
-    block_request,
-    change_requests,
-    changed_audiences,
-    tenant_blocks,
-)
-from cdp_assets.analytics.jobs import ANALYTICS_JOB, AUDIENCES_JOB
+from cdp_assets.activation.triggers import activation_push, change_requests, changed_audiences
+from cdp_assets.analytics.jobs import ANALYTICS_JOB, AUDIENCES_JOB, CHURN_HOLDOUT_JOB
 from cdp_assets.bench import clv_compare
 from cdp_assets.bench.environment import META_TOKEN_REF, Bench, RunRecord, RunRequest
 from cdp_assets.bench.measure import StageResult, Stopwatch, stage
@@ -36,6 +30,7 @@ from cdp_assets.partitions import (
 )
 from cdp_assets.sandbox import credentials_for
 from cdp_assets.tenants.registry import list_tenants
+from cdp_assets.tenants.runs import block_request, tenant_blocks
 from cdp_assets.vtex.client import CATALOG_WINDOW
 from cdp_assets.vtex.jobs import ORDERS_SYNC_JOB, TENANT_SYNC_JOB
 from cdp_assets.vtex.schedules import order_sync_requests
@@ -55,15 +50,7 @@ RFM_AUDIENCES = (
     "audience_rfm_hibernating",
     "audience_rfm_lost",
 )
-STEP_KEYS = {
-    "ingestion": ("vtex_products", "vtex_skus", "vtex_customers", "vtex_orders"),
-    "analytics": (
-        "dbt_tenant_models",
-        "customer_predictions",
-        "dbt_tenant_scoring",
-        "dbt_audiences",
-    ),
-}
+INGESTION_ASSETS = ("vtex_products", "vtex_skus", "vtex_customers", "vtex_orders")
 WAREHOUSE_COUNTS_SQL = """
 SELECT (SELECT count(*) FROM raw_vtex.orders), (SELECT count(*) FROM raw_vtex.products),
        (SELECT count(*) FROM raw_vtex.skus), (SELECT count(*) FROM raw_vtex.customers),
@@ -200,7 +187,7 @@ def run_ingestion(bench: Bench) -> StageResult:
             )
         received = {
             asset: int(sum(run.total("rows_received", [asset]) for run in runs))
-            for asset in STEP_KEYS["ingestion"]
+            for asset in INGESTION_ASSETS
         }
         result.records = sum(received.values())
     sandbox = _sandbox_delta(before, bench.sandbox.stats(), result.wall_seconds)
@@ -248,20 +235,24 @@ SELECT coalesce(sum(n), 0)::bigint, jsonb_object_agg(model, n)
 """
 
 
-def _refresh_analytics(bench: Bench, watch: Stopwatch, runs: list[RunRecord]) -> None:
-    """Every tenant's dbt models, CLV fit and churn scoring in one run (what a backfill of
-    all tenants launches under the single-run policy), then every audience view."""
+def _all_tenants_run(bench: Bench, job_name: str) -> RunRequest:
+    """One run of a tenant job over every tenant (what a backfill of all tenants launches
+    under the single-run policy)."""
     keys = bench.instance.get_dynamic_partitions(tenants.name)
+    tags = {RANGE_START_TAG: keys[0], RANGE_END_TAG: keys[-1]}
+    return RunRequest(job_name, "all tenants", tags=tags)
+
+
+def _refresh_analytics(
+    bench: Bench, watch: Stopwatch, runs: list[RunRecord], churn_holdout: bool = False
+) -> None:
+    """Every tenant's dbt models, CLV fit and churn scoring in one run, the weekly churn
+    holdout if asked, then every audience view."""
     with watch.part("tenant_refresh"):
-        runs.append(
-            bench.runner.run(
-                RunRequest(
-                    ANALYTICS_JOB,
-                    "all tenants",
-                    tags={RANGE_START_TAG: keys[0], RANGE_END_TAG: keys[-1]},
-                )
-            )
-        )
+        runs.append(bench.runner.run(_all_tenants_run(bench, ANALYTICS_JOB)))
+    if churn_holdout:
+        with watch.part("churn_holdout"):
+            runs.append(bench.runner.run(_all_tenants_run(bench, CHURN_HOLDOUT_JOB)))
     with watch.part("audiences_refresh"):
         runs.append(bench.runner.run(RunRequest(AUDIENCES_JOB, "all tenants")))
 
@@ -270,7 +261,8 @@ def run_analytics(bench: Bench) -> StageResult:
     watch = Stopwatch()
     runs: list[RunRecord] = []
     with stage("analytics", bench.url) as result:
-        _refresh_analytics(bench, watch, runs)
+        # The first build: the daily models and the weekly holdout.
+        _refresh_analytics(bench, watch, runs, churn_holdout=True)
     with bench.connect() as conn:
         (customers,) = conn.execute("SELECT count(*) FROM marts.customers").fetchone()
         predictions, models = conn.execute(PREDICTIONS_SQL).fetchone()

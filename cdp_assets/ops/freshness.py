@@ -1,9 +1,9 @@
 """How old each tenant-partitioned asset may get: the one place `cdp status` and the assets'
 freshness policies read it from.
 
-Keys are asset key names; `dbt_tenant_models` and `dbt_tenant_scoring` name `@dbt_assets`
-definitions and stand for every model they build (the staging, intermediate and mart views
-and tables of one tenant are rebuilt together, so they share one expectation).
+Keys are asset key names; the `dbt_*` keys name `@dbt_assets` definitions and stand for
+every model they build (the staging, intermediate and mart views and tables of one tenant
+are rebuilt together, so they share one expectation).
 """
 
 from datetime import timedelta
@@ -15,6 +15,8 @@ ORDERS = timedelta(hours=13)
 DAILY = timedelta(hours=26)
 # Activation runs every 48 hours (sooner on audience changes): two days plus slack.
 ACTIVATION = timedelta(hours=50)
+# The churn holdout runs weekly: a week plus slack.
+WEEKLY = timedelta(days=8)
 
 FRESHNESS: dict[str, timedelta] = {
     "vtex_orders": ORDERS,
@@ -23,8 +25,10 @@ FRESHNESS: dict[str, timedelta] = {
     "vtex_customers": DAILY,
     "dbt_tenant_models": DAILY,
     "customer_predictions": DAILY,
-    "holdout_predictions": DAILY,
     "dbt_tenant_scoring": DAILY,
+    "dbt_holdout_summary": WEEKLY,
+    "holdout_predictions": WEEKLY,
+    "dbt_churn_holdout": WEEKLY,
     "meta_custom_audiences": ACTIVATION,
     "google_customer_match": ACTIVATION,
     "vtex_product_collections": ACTIVATION,

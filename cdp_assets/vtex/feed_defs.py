@@ -12,9 +12,9 @@ from cdp_assets.lib.dagster_home import VTEX_API_POOL
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.partitions import tenants
 from cdp_assets.tenants.registry import get_tenant
+from cdp_assets.tenants.runs import run_priority
 from cdp_assets.vtex.feed import MAX_LOTS_PER_RUN, FeedState, drain_feed, enabled_feeds
 from cdp_assets.vtex.resources import VtexResource
-from cdp_assets.vtex.schedules import run_priority
 
 FEED_SYNC_JOB = "vtex_orders_feed_sync"
 # A feed whose last drain found nothing is polled this often instead of every minute:

@@ -9,28 +9,13 @@ from datetime import datetime
 import dagster as dg
 
 from cdp_assets.lib.warehouse import WarehouseResource
-from cdp_assets.partitions import order_months, tenant_month_range_tags, tenants
-from cdp_assets.tenants.registry import Tenant, list_tenants
+from cdp_assets.partitions import order_months, tenant_month_range_tags
+from cdp_assets.tenants.registry import Tenant
+from cdp_assets.tenants.runs import run_priority, tenants_with_partitions
 from cdp_assets.vtex.assets import OVERLAP
 from cdp_assets.vtex.jobs import vtex_orders_sync, vtex_tenant_sync
 
 TIMEZONE = "America/Argentina/Buenos_Aires"
-
-
-def run_priority(tenant: Tenant) -> dict[str, str]:
-    # The queued run coordinator launches higher `dagster/priority` first.
-    return {"dagster/priority": str(-tenant.priority)}
-
-
-def active_tenants(context: dg.ScheduleEvaluationContext, warehouse: WarehouseResource) -> list:
-    """Active tenants that already have a partition (the sensor adds new ones first)."""
-    with warehouse.connect() as conn:
-        rows = list_tenants(conn, active_only=True)
-    return with_partitions(rows, set(context.instance.get_dynamic_partitions(tenants.name)))
-
-
-def with_partitions(rows: list[Tenant], partition_keys: set[str]) -> list[Tenant]:
-    return [tenant for tenant in rows if tenant.tenant_id in partition_keys]
 
 
 def recent_months(moment: datetime) -> list[str]:
@@ -87,7 +72,7 @@ def vtex_orders_twice_daily(
 ) -> list[dg.RunRequest] | dg.SkipReason:
     """Orders of the last 48 hours for every active tenant, at 06:00 and 18:00."""
     requests = order_sync_requests(
-        active_tenants(context, warehouse), context.scheduled_execution_time
+        tenants_with_partitions(context, warehouse)[0], context.scheduled_execution_time
     )
     return requests or dg.SkipReason("no active tenants")
 
@@ -103,6 +88,6 @@ def vtex_catalog_daily(
 ) -> list[dg.RunRequest] | dg.SkipReason:
     """Products, SKUs and Master Data customers of every active tenant, at 05:00."""
     requests = tenant_run_requests(
-        active_tenants(context, warehouse), context.scheduled_execution_time
+        tenants_with_partitions(context, warehouse)[0], context.scheduled_execution_time
     )
     return requests or dg.SkipReason("no active tenants")

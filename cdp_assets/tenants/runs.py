@@ -1,0 +1,63 @@
+"""Run requests over tenants: their priority, and one run per block of neighbouring tenants
+(a range of partitions)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import dagster as dg
+
+from cdp_assets.lib.warehouse import WarehouseResource
+from cdp_assets.partitions import RANGE_END_TAG, RANGE_START_TAG, tenants
+from cdp_assets.tenants.registry import Tenant, list_tenants
+
+
+def run_priority(tenant: Tenant) -> dict[str, str]:
+    # The queued run coordinator launches higher `dagster/priority` first.
+    return {"dagster/priority": str(-tenant.priority)}
+
+
+def with_partitions(rows: list[Tenant], partition_keys: set[str]) -> list[Tenant]:
+    return [tenant for tenant in rows if tenant.tenant_id in partition_keys]
+
+
+def tenants_with_partitions(
+    context: dg.ScheduleEvaluationContext | dg.SensorEvaluationContext,
+    warehouse: WarehouseResource,
+) -> tuple[list[Tenant], list[str]]:
+    """Active tenants that already have a partition (the sensor adds new ones first), and the
+    partitions in their order."""
+    with warehouse.connect() as conn:
+        rows = list_tenants(conn, active_only=True)
+    order = context.instance.get_dynamic_partitions(tenants.name)
+    return with_partitions(rows, set(order)), order
+
+
+def tenant_blocks(partition_order: Sequence[str], tenant_rows: list[Tenant]) -> list[list[Tenant]]:
+    """`tenant_rows` as blocks of neighbours in the tenants' partition order: one block is one
+    range of partitions, which one run covers. A tenant that is not in `tenant_rows` ends a
+    block, so no run reaches it."""
+    by_id = {tenant.tenant_id: tenant for tenant in tenant_rows}
+    blocks: list[list[Tenant]] = []
+    current: list[Tenant] = []
+    for tenant_id in partition_order:
+        if tenant_id in by_id:
+            current.append(by_id[tenant_id])
+        elif current:
+            blocks.append(current)
+            current = []
+    return blocks + ([current] if current else [])
+
+
+def block_request(
+    block: list[Tenant], run_key: str, asset_selection: list[dg.AssetKey] | None = None
+) -> dg.RunRequest:
+    """One run over a block of tenants, with the priority of the most urgent of them."""
+    first, last = block[0].tenant_id, block[-1].tenant_id
+    scope = {} if first == last else {RANGE_START_TAG: first, RANGE_END_TAG: last}
+    return dg.RunRequest(
+        run_key=f"{first}..{last}|{run_key}",
+        partition_key=first if first == last else None,
+        asset_selection=asset_selection,
+        tags={**scope, **run_priority(min(block, key=lambda tenant: tenant.priority))},
+    )
