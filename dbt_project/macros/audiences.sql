@@ -32,19 +32,20 @@
 
 {#-
     The identifier columns of every audience, from a `customers` mart row aliased `alias`,
-    normalized and hashed the way ad platforms match them (SHA-256, lower-case hex):
-    e-mail normalized (trimmed, lower-case, real address); phone E.164 with its '+' (the
-    Google form; activation derives other platforms' forms from phone_e164 in the mart);
-    names lower-case without punctuation, accents kept. Country and external_id are sent
-    in clear, never hashed. NULL stays NULL (no hash of an empty string).
+    normalized and hashed the way ad platforms match them (SHA-256, lower-case hex), by the
+    mart (models/marts/customers.sql): e-mail normalized (trimmed, lower-case, real
+    address); phone E.164 with its '+' (the Google form; activation derives other platforms'
+    forms from phone_e164 in the mart); names lower-case without punctuation, accents kept.
+    Country and external_id are sent in clear, never hashed. NULL stays NULL (no hash of an
+    empty string).
 -#}
 {% macro audience_identity_columns(alias) -%}
     {{ alias }}.tenant_id,
     {{ alias }}.customer_key,
-    {{ sha256_hex(alias ~ '.email') }} as email_sha256,
-    {{ sha256_hex(alias ~ '.phone_e164') }} as phone_sha256,
-    {{ sha256_hex(normalize_name(alias ~ '.first_name')) }} as first_name_sha256,
-    {{ sha256_hex(normalize_name(alias ~ '.last_name')) }} as last_name_sha256,
+    {{ alias }}.email_sha256,
+    {{ alias }}.phone_sha256,
+    {{ alias }}.first_name_sha256,
+    {{ alias }}.last_name_sha256,
     {{ alias }}.country,
     {{ alias }}.customer_key as external_id
 {%- endmacro %}

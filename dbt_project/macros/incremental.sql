@@ -44,6 +44,26 @@
     exactly the work left, whatever order rows landed in and however long ago the model
     last ran. Parsing every document again on each refresh was most of a refresh's time.
 -#}
+{#- The pre-hook (outside the transaction) of the staging tables landed_since_staged filters:
+    VACUUM of their raw table (meta raw_table), so that the anti-join can read its primary
+    key's index alone (migration 0010). Rendered at execution only: at parse time the
+    model's meta is not resolved yet. -#}
+{% macro vacuum_raw_table() -%}
+    {%- if execute -%}
+        vacuum {{ source('raw_vtex', config.get('meta')['raw_table']) }}
+    {%- endif -%}
+{%- endmacro %}
+
+
+{#- The post-hook beside it: this table's unique key and landing time indexed, the other side
+    of the anti-join (and what delete+insert's delete finds the replaced rows by). -#}
+{% macro landed_index() -%}
+    {%- if execute -%}
+        {{ key_index(config.get('unique_key') + ['landed_at']) }}
+    {%- endif -%}
+{%- endmacro %}
+
+
 {% macro landed_since_staged(raw_relation, key) -%}
     {%- if is_incremental() -%}
         not exists (

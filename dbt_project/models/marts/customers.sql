@@ -77,6 +77,13 @@ select
     profiles.phone_e164,
     profiles.first_name,
     profiles.last_name,
+    -- Hashed once here for every audience that carries the customer (macro
+    -- audience_identity_columns): hashing in each audience view cost its refresh more than
+    -- the rest of its query.
+    {{ sha256_hex('profiles.email') }} as email_sha256,
+    {{ sha256_hex('profiles.phone_e164') }} as phone_sha256,
+    {{ sha256_hex(normalize_name('profiles.first_name')) }} as first_name_sha256,
+    {{ sha256_hex(normalize_name('profiles.last_name')) }} as last_name_sha256,
     tenants.default_country as country,
     profiles.document,
     profiles.user_profile_id,
