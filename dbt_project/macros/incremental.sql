@@ -44,6 +44,20 @@
     exactly the work left, whatever order rows landed in and however long ago the model
     last ran. Parsing every document again on each refresh was most of a refresh's time.
 -#}
+{% macro landed_since_staged(raw_relation, key) -%}
+    {%- if is_incremental() -%}
+        not exists (
+            select from {{ this }} as staged
+            where staged.tenant_id = {{ raw_relation }}.tenant_id
+                and staged.{{ key }} = {{ raw_relation }}.{{ key }}
+                and staged.landed_at = {{ raw_relation }}.synced_at
+        )
+    {%- else -%}
+        true
+    {%- endif -%}
+{%- endmacro %}
+
+
 {#- The pre-hook (outside the transaction) of the staging tables landed_since_staged filters:
     VACUUM of their raw table (meta raw_table), so that the anti-join can read its primary
     key's index alone (migration 0010). Rendered at execution only: at parse time the
@@ -60,20 +74,6 @@
 {% macro landed_index() -%}
     {%- if execute -%}
         {{ key_index(config.get('unique_key') + ['landed_at']) }}
-    {%- endif -%}
-{%- endmacro %}
-
-
-{% macro landed_since_staged(raw_relation, key) -%}
-    {%- if is_incremental() -%}
-        not exists (
-            select from {{ this }} as staged
-            where staged.tenant_id = {{ raw_relation }}.tenant_id
-                and staged.{{ key }} = {{ raw_relation }}.{{ key }}
-                and staged.landed_at = {{ raw_relation }}.synced_at
-        )
-    {%- else -%}
-        true
     {%- endif -%}
 {%- endmacro %}
 
