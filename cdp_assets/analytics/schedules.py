@@ -36,7 +36,7 @@ def audiences_every_48_hours(
 
 @dg.schedule(
     job=churn_holdout_refresh,
-    # Sunday night, before the day's first syncs (05:00) start the daily refreshes.
+    # Sundays at 03:00, before the first syncs (05:00) start the daily refreshes.
     cron_schedule="0 3 * * 0",
     execution_timezone=TIMEZONE,
     default_status=dg.DefaultScheduleStatus.RUNNING,
