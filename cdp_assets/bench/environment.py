@@ -1,5 +1,6 @@
 """The benchmark's world: a throwaway database, a Dagster instance stored in it, the VTEX sandbox
-in its own process, the Meta and Google sandboxes, and the scale's tenants registered.
+in its own process, the Meta and Google sandboxes in another, and the scale's tenants
+registered.
 
 Runs go through `execute_in_process` on that instance, as `cdp demo` does: the same jobs,
 assets, resources and run storage as production. Each run executes in a run worker process,
@@ -31,8 +32,9 @@ from cdp_assets.bench.scales import Scale, history_end_today
 from cdp_assets.lib.dagster_home import apply_pool_limits
 from cdp_assets.lib.database import database_url, sqlalchemy_url, with_database
 from cdp_assets.lib.warehouse import migrated_url
-from cdp_assets.sandbox import GoogleSandbox, MetaSandbox, SandboxProcess, StoreSpec
+from cdp_assets.sandbox import SandboxProcess, StoreSpec
 from cdp_assets.sandbox import credentials_for as vtex_credentials
+from cdp_assets.sandbox.platforms import PlatformSandboxes
 from cdp_assets.tenants.registry import Tenant, add_tenant
 
 META_TOKEN = "bench-meta-token"  # what the Meta sandbox accepts; not a real secret
@@ -206,8 +208,7 @@ class Bench:
     instance: dg.DagsterInstance
     runner: Runner
     sandbox: SandboxProcess
-    meta: MetaSandbox
-    google: GoogleSandbox | None
+    platforms: PlatformSandboxes  # Meta's, and Google's when the scale pushes there
     echo: Callable[[str], None]
     meta_accounts: dict[str, str]  # tenant -> Meta ad account id
 
@@ -278,12 +279,13 @@ def open_bench(
             # The sandbox is ours to load; VTEX's own 100/s limit does not apply on loopback.
             os.environ["VTEX_REQUESTS_PER_SECOND"] = "100000"
             meta_accounts = {spec.account: str(2_000_000_001 + i) for i, spec in enumerate(specs)}
-            meta = stack.enter_context(MetaSandbox({META_TOKEN: list(meta_accounts.values())}))
-            os.environ["META_GRAPH_URL"] = meta.graph_url
+            platforms = stack.enter_context(
+                PlatformSandboxes({META_TOKEN: list(meta_accounts.values())}, scale.google)
+            )
+            os.environ["META_GRAPH_URL"] = platforms.meta_graph_url
             os.environ[META_TOKEN_REF] = META_TOKEN
-            google = stack.enter_context(GoogleSandbox()) if scale.google else None
-            if google is not None:
-                os.environ["GOOGLE_SANDBOX_ADDRESS"] = google.address
+            if platforms.google_address is not None:
+                os.environ["GOOGLE_SANDBOX_ADDRESS"] = platforms.google_address
             with psycopg.connect(url) as conn:
                 _register_tenants(conn, specs)
                 sync_tenant_partitions(instance, conn)
@@ -296,8 +298,7 @@ def open_bench(
                 instance,
                 Runner(instance, workers),
                 sandbox,
-                meta,
-                google,
+                platforms,
                 echo,
                 meta_accounts,
             )

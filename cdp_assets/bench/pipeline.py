@@ -320,7 +320,7 @@ def _choose_audiences(bench: Bench, conn: psycopg.Connection) -> dict[str, list[
 
 
 def _register_destinations(bench: Bench, chosen: dict[str, list[str]]) -> list[str]:
-    platforms = ["meta"] + (["google_data_manager"] if bench.google is not None else [])
+    platforms = ["meta"] + (["google_data_manager"] if bench.scale.google else [])
     with bench.connect() as conn:
         for index, (tenant_id, audiences) in enumerate(chosen.items()):
             for platform in platforms:
@@ -346,14 +346,7 @@ def _register_destinations(bench: Bench, chosen: dict[str, list[str]]) -> list[s
 
 def _platform_members(bench: Bench, platform: str) -> int:
     """Members the platform's sandbox holds, over every tenant's lists."""
-    if platform == "meta":
-        return sum(
-            len(bench.meta.members(audience["id"]))
-            for account in bench.meta_accounts.values()
-            for audience in bench.meta.audiences(account)
-        )
-    assert bench.google is not None
-    return sum(user_list.member_count for user_list in bench.google.user_lists())
+    return bench.platforms.members()["meta" if platform == "meta" else "google"]
 
 
 ASSET_OF_PLATFORM = {
