@@ -101,8 +101,14 @@ def user_requests(sandbox: MetaSandbox, tenant_id: str) -> list:
     return [r for r in sandbox.requests(f"/{audience}/users") if r.payload]
 
 
+def audience_reads(sandbox: MetaSandbox, tenant_id: str) -> list:
+    """GETs of the audience's node (its match info)."""
+    audience = audience_id(sandbox, tenant_id)
+    return [r for r in sandbox.requests(audience) if r.method == "GET" and "/users" not in r.path]
+
+
 def test_first_push_then_unchanged_push(instance, url, sandbox) -> None:
-    setup(url, "meta_first", 300, range(250))
+    destination = setup(url, "meta_first", 300, range(250))
     first = push(instance, url, sandbox, "meta_first")
     assert first.success
     row = outcome(first)
@@ -126,10 +132,22 @@ def test_first_push_then_unchanged_push(instance, url, sandbox) -> None:
     assert upload.payload["schema"] == ["EXTERN_ID", "EMAIL", "PHONE", "FN", "LN", "COUNTRY"]
     assert upload.session["batch_seq"] == 1 and upload.session["last_batch_flag"] is True
 
+    node_reads = len(audience_reads(sandbox, "meta_first"))
     second = push(instance, url, sandbox, "meta_first")
     row = outcome(second)
     assert (row["added"], row["removed"], row["unchanged"]) == (0, 0, 225)
     assert len(user_requests(sandbox, "meta_first")) == 1  # nothing carrying members
+    # Nor any other call: the match info Meta gave after the first push stands.
+    assert len(audience_reads(sandbox, "meta_first")) == node_reads
+    first_info = set(outcome(first)["match_info"].split(", "))
+    assert set(row["match_info"].split(", ")) == first_info
+    assert "approximate_count_lower_bound=225" in first_info
+    # Confirmed members with unchanged inputs stay in the database: only the 25 Meta could
+    # not take are read out (and hashed) again.
+    target = DestinationAudience(destination, AUDIENCE, {}, None)
+    with psycopg.connect(url) as reader:
+        fresh = list(audience_members(reader, target, "BR", meta_row).fresh())
+    assert {key for key, _, _ in fresh} == {f"meta_first-{i}" for i in range(9, 250, 10)}
     with psycopg.connect(url) as conn:
         history = runs(conn, "meta_first_meta")
     assert [(r["status"], r["added"], r["unchanged"]) for r in history] == [
@@ -365,10 +383,10 @@ def test_one_reading_connection_serves_audiences_read_partly_or_whole(url) -> No
     destination = setup(url, "meta_reader", 150, range(120))
     target = DestinationAudience(destination, AUDIENCE, {}, None)
     with psycopg.connect(url) as reader:
-        partial = audience_members(reader, target, "BR", meta_row)
+        partial = audience_members(reader, target, "BR", meta_row).fresh()
         next(partial)
         partial.close()  # a reader that stops early (the sync failed mid-audience)
         assert reader.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
-        whole = list(audience_members(reader, target, "BR", meta_row))
+        whole = list(audience_members(reader, target, "BR", meta_row).fresh())
         assert reader.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
     assert {key for key, _, _ in whole} == {f"meta_reader-{i}" for i in range(120)}

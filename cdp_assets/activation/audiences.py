@@ -1,8 +1,8 @@
 """Reading audience members out of the warehouse, hashed row by row on the way out.
 
 Members come from the audience materialized views (`audiences.<audience>`) joined to the
-`customers` mart for the identifiers, streamed with a server-side cursor on a reading
-connection of their own so memory stays bounded whatever the audience size.
+`customers` mart for the identifiers. Those to hash are streamed with a server-side cursor on
+a reading connection of their own, so memory stays bounded whatever the audience size.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from psycopg import sql
 
 from cdp_assets.activation.destinations import DestinationAudience
 from cdp_assets.activation.identifiers import Contact
+from cdp_assets.activation.sync import MemberSource
 
 RowBuilder = Callable[[Contact, str], list[str]]
 
@@ -43,15 +44,15 @@ def audience_members(
     target: DestinationAudience,
     default_country: str,
     build_row: RowBuilder,
-) -> Iterator[tuple[str, str, list[str]]]:
-    """(customer_key, source fingerprint, hashed row) for every member of one tenant's
-    audience. A member whose inputs are unchanged since the destination confirmed it gets
-    its confirmed row back instead of being normalized and hashed again.
+) -> MemberSource:
+    """One tenant's audience, keyed by customer_key. A member whose inputs are unchanged
+    since the destination confirmed it keeps its confirmed row, in the database; the others
+    are read, normalized and hashed.
 
     `conn` is the caller's connection for reading members (not the one writing the sync
     state): each audience reads in a transaction of its own on it, ended even when the
     reader stops early, so one connection serves every audience of a run step."""
-    query = sql.SQL(
+    members = sql.SQL(
         """
         WITH members AS (
             SELECT a.customer_key, c.email, c.phone_e164, c.first_name, c.last_name, c.country,
@@ -61,15 +62,24 @@ def audience_members(
             JOIN marts.customers c USING (tenant_id, customer_key)
             WHERE a.tenant_id = %(tenant_id)s
         )
-        SELECT members.*, confirmed.identifiers
-        FROM members
-        LEFT JOIN cdp.destination_members confirmed
-          ON confirmed.destination_id = %(destination_id)s
-         AND confirmed.audience = %(audience)s
-         AND confirmed.member_key = members.customer_key
-         AND confirmed.source_fingerprint = members.source_fingerprint
         """
     ).format(audience=sql.Identifier(target.audience))
+    confirmed_match = sql.SQL(
+        """
+        confirmed.destination_id = %(destination_id)s
+        AND confirmed.audience = %(audience)s
+        AND confirmed.member_key = members.customer_key
+        AND confirmed.source_fingerprint = members.source_fingerprint
+        """
+    )
+    confirmed = members + sql.SQL(
+        "SELECT members.customer_key, confirmed.fingerprint, members.source_fingerprint,"
+        " confirmed.identifiers FROM members JOIN cdp.destination_members confirmed ON {}"
+    ).format(confirmed_match)
+    fresh = members + sql.SQL(
+        "SELECT members.* FROM members"
+        " WHERE NOT EXISTS (SELECT FROM cdp.destination_members confirmed WHERE {})"
+    ).format(confirmed_match)
     params = {
         "version": NORMALIZATION_VERSION,
         "default_country": default_country,
@@ -77,15 +87,19 @@ def audience_members(
         "destination_id": target.destination.destination_id,
         "audience": target.audience,
     }
-    with conn.transaction(), conn.cursor(name="audience_members") as cursor:
-        # Every row is read: plan for the whole result, not for the first 10 % (the cursor
-        # default), which picks a quadratic nested loop when the view's statistics are stale.
-        conn.execute("SET LOCAL cursor_tuple_fraction = 1.0")
-        cursor.itersize = 10_000
-        cursor.execute(query, params)
-        for *contact, source_fingerprint, confirmed in cursor:
-            row = confirmed or build_row(Contact(*contact), default_country)
-            yield contact[0], source_fingerprint, row
+
+    def fresh_members() -> Iterator[tuple[str, str, list[str]]]:
+        with conn.transaction(), conn.cursor(name="audience_members") as cursor:
+            # Every row is read: plan for the whole result, not for the first 10 % (the
+            # cursor default), which picks a quadratic nested loop when the view's
+            # statistics are stale.
+            conn.execute("SET LOCAL cursor_tuple_fraction = 1.0")
+            cursor.itersize = 10_000
+            cursor.execute(fresh, params)
+            for *contact, source_fingerprint in cursor:
+                yield contact[0], source_fingerprint, build_row(Contact(*contact), default_country)
+
+    return MemberSource(confirmed, params, fresh_members)
 
 
 def audience_signatures(

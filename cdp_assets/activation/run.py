@@ -202,7 +202,7 @@ def activate_audiences(
         def members(target: DestinationAudience) -> MemberSource:
             require_audience(views, target.audience)
             country = countries[target.destination.tenant_id]
-            return lambda: audience_members(reader, target, country, build_row)
+            return audience_members(reader, target, country, build_row)
 
         def signature(target: DestinationAudience) -> str:
             if target.audience not in signatures:

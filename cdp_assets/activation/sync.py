@@ -1,10 +1,12 @@
 """Diff-based sync of one destination audience, the same for every platform.
 
-The desired members (hashed as the destination wants them) go into a temporary table by
-COPY; set-based SQL compares them with `cdp.destination_members`, what the platform last
-confirmed. Only removals and additions are sent, in the platform's batch size, removals
-first (a changed member is a removal of its old row and an addition of its new one, and a
-platform keyed on the external id must not drop the new row). State is committed after each
+The desired members (hashed as the destination wants them) go into a temporary table: those
+the destination already confirmed with unchanged inputs by INSERT ... SELECT, without leaving
+the database, the others by COPY as they are hashed. Set-based SQL compares them with
+`cdp.destination_members`, what the platform last confirmed. Only removals and additions are
+sent, in the platform's batch size, removals first (a changed member is a removal of its old
+row and an addition of its new one, and a platform keyed on the external id must not drop
+the new row). State is committed after each
 batch the platform confirmed, so a run cut short resumes where it stopped, and members the
 platform rejected stay out of the state: the next run sends them again.
 """
@@ -18,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 import psycopg
+from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from cdp_assets.activation.destinations import DestinationAudience, set_platform_audience_id
@@ -86,13 +89,24 @@ def fingerprint(row: Row) -> str:
     return hashlib.md5("\x1f".join(row).encode()).hexdigest()
 
 
-# (member_key, source_fingerprint, row): the fingerprint of the unhashed inputs lets a
-# source reuse the identifiers already confirmed for an unchanged member.
-MemberSource = Callable[[], Iterator[tuple[str, str, Row]]]
+@dataclass(frozen=True)
+class MemberSource:
+    """An audience's desired members, in two parts that together hold each member once.
+
+    `confirmed`: a query, run on the sync's own connection with `params`, of the members the
+    destination confirmed whose unhashed inputs are unchanged (their source fingerprint is
+    the confirmed one), as (member_key, fingerprint, source_fingerprint, identifiers): their
+    confirmed row is reused as it is. `fresh`: the other members, as (member_key,
+    source_fingerprint, row), normalized and hashed on the way out.
+    """
+
+    confirmed: sql.Composable
+    params: dict[str, Any]
+    fresh: Callable[[], Iterator[tuple[str, str, Row]]]
 
 
 def _load_desired(
-    conn: psycopg.Connection, members: Iterator[tuple[str, str, Row]], platform: Platform
+    conn: psycopg.Connection, members: MemberSource, platform: Platform
 ) -> tuple[int, int]:
     conn.execute(
         "CREATE TEMP TABLE IF NOT EXISTS desired_members (member_key text PRIMARY KEY,"
@@ -104,14 +118,23 @@ def _load_desired(
     with conn.cursor().copy(
         "COPY desired_members (member_key, fingerprint, source_fingerprint, identifiers) FROM STDIN"
     ) as copy:
-        for member_key, source_fingerprint, row in members:
+        for member_key, source_fingerprint, row in members.fresh():
             if not platform.matchable(row):
                 unmatchable += 1
                 continue
             copy.write_row((member_key, fingerprint(row), source_fingerprint, row))
             desired += 1
+    # A confirmed row was matchable when it was sent. The two parts read the audience at
+    # slightly different moments: a member both saw is kept once.
+    reused = conn.execute(
+        sql.SQL(
+            "INSERT INTO desired_members (member_key, fingerprint, source_fingerprint,"
+            " identifiers) {} ON CONFLICT (member_key) DO NOTHING"
+        ).format(members.confirmed),
+        members.params,
+    ).rowcount
     conn.execute("ANALYZE desired_members")
-    return desired, unmatchable
+    return desired + reused, unmatchable
 
 
 _STATE = "destination_id = %(destination_id)s AND audience = %(audience)s"
@@ -143,13 +166,15 @@ def _counts(conn: psycopg.Connection, key: dict[str, str]) -> tuple[int, int, in
 def _pages(
     conn: psycopg.Connection, query: str, key: dict[str, str], size: int
 ) -> Iterator[list[tuple[str, str, Row]]]:
-    """Keyset pages of (member_key, fingerprint, identifiers); safe across commits."""
+    """Keyset pages of (member_key, fingerprint, identifiers); safe across commits. A short
+    page is the last one."""
     after = ""
     while True:
         page = conn.execute(query, {**key, "after": after, "size": size}).fetchall()
-        if not page:
+        if page:
+            yield page
+        if len(page) < size:
             return
-        yield page
         after = page[-1][0]
 
 
@@ -269,7 +294,7 @@ def sync_audience(
     outcome = SyncOutcome(destination.destination_id, target.audience, destination.platform, "")
     run = _start_run(conn, target, options, dry_run)
     try:
-        outcome.desired, outcome.unmatchable = _load_desired(conn, members(), platform)
+        outcome.desired, outcome.unmatchable = _load_desired(conn, members, platform)
         confirmed, outcome.unchanged, to_add, to_remove = _counts(conn, key)
         if options.full_replace:
             to_add, to_remove = outcome.desired, confirmed
@@ -288,8 +313,12 @@ def sync_audience(
         if options.full_replace:
             _replace(conn, key, platform, platform_id, outcome)
         else:
-            _send_diff(conn, key, run, platform, platform_id, outcome)
-        outcome.match_info = platform.match_info(platform_id)
+            _send_diff(conn, key, run, platform, platform_id, outcome, to_remove, to_add)
+        # Nothing sent, nothing asked: an unchanged audience costs the platform no call, and
+        # what it reported last still stands.
+        outcome.match_info = (
+            platform.match_info(platform_id) if outcome.requests else _last_match_info(conn, key)
+        )
         if signature is not None and outcome.rejected == 0:
             conn.execute(
                 f"UPDATE cdp.destination_audiences SET synced_signature = %(signature)s"
@@ -329,6 +358,15 @@ def _verdict(
     return ("dry_run" if dry_run else "running"), None
 
 
+def _last_match_info(conn: psycopg.Connection, key: dict[str, str]) -> dict[str, Any]:
+    row = conn.execute(
+        f"SELECT match_info FROM cdp.activation_runs WHERE {_STATE} AND status = 'synced'"
+        " ORDER BY started_at DESC LIMIT 1",
+        key,
+    ).fetchone()
+    return row[0] if row and row[0] else {}
+
+
 def _send_diff(
     conn: psycopg.Connection,
     key: dict[str, str],
@@ -336,8 +374,12 @@ def _send_diff(
     platform: Platform,
     platform_id: str,
     outcome: SyncOutcome,
+    to_remove: int,
+    to_add: int,
 ) -> None:
-    for page in _pages(conn, _REMOVALS, key, platform.batch_size):
+    """`to_remove` and `to_add`: the counts `_counts` found; a side with none is not read."""
+    removals = _pages(conn, _REMOVALS, key, platform.batch_size) if to_remove else iter(())
+    for page in removals:
         result = platform.remove(platform_id, [row for _, _, row in page])
         confirmed = [m for i, (m, _, _) in enumerate(page) if i not in result.rejected]
         conn.execute(
@@ -349,7 +391,8 @@ def _send_diff(
         outcome.removed += len(confirmed)
         outcome.rejected += len(result.rejected)
         outcome.requests += result.requests
-    for page in _pages(conn, _ADDITIONS, key, platform.batch_size):
+    additions = _pages(conn, _ADDITIONS, key, platform.batch_size) if to_add else iter(())
+    for page in additions:
         result = platform.add(platform_id, [row for _, _, row in page])
         accepted = [m for i, (m, _, _) in enumerate(page) if i not in result.rejected]
         _upsert_members(conn, key, accepted)
