@@ -99,7 +99,7 @@ def audience_members(
             for *contact, source_fingerprint in cursor:
                 yield contact[0], source_fingerprint, build_row(Contact(*contact), default_country)
 
-    return MemberSource(confirmed, params, fresh_members)
+    return MemberSource(fresh_members, confirmed, params)
 
 
 def audience_signatures(

@@ -7,8 +7,10 @@ A failing destination does not stop the others; the asset fails at the end, nami
 
 from __future__ import annotations
 
+import queue
 from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import dagster as dg
 import psycopg
@@ -108,38 +110,40 @@ def tenant_summaries(outcomes: list[SyncOutcome], tenant_of: dict[str, str]) -> 
     return lines
 
 
-def activate(
-    context: dg.AssetExecutionContext,
-    conn: psycopg.Connection,
-    platforms: tuple[str, ...],
-    config: ActivationConfig,
+# Destinations synced at once in a run: a sync mostly waits on the warehouse and the platform
+# (5.9 s of wall time and 1.2 s of CPU for 328 unchanged audiences in sequence). Each worker
+# holds two connections; a destination's audiences stay in order on one worker, with one
+# platform client.
+SYNC_WORKERS = 4
+
+# (writer, reader): the sync state's connection and one for reading members.
+Connections = tuple[psycopg.Connection, psycopg.Connection]
+
+
+def _sync_destination(
+    connections: Connections,
+    targets: list[DestinationAudience],
+    options: SyncOptions,
     platform_for: Callable[[Destination], Platform],
-    members_for: Callable[[DestinationAudience], MemberSource],
-    signature_for: Callable[[DestinationAudience], str | None],
-) -> dg.MaterializeResult:
-    tenant_ids = sorted(context.partition_keys)
-    targets = [
-        target
-        for tenant_id in tenant_ids
-        for target in destination_audiences(conn, tenant_id, platforms)
-        if not config.destinations or target.destination.destination_id in config.destinations
-    ]
-    options = SyncOptions(config.dry_run, config.full_replace, config.force, context.run.run_id)
+    members_for: Callable[[psycopg.Connection, DestinationAudience], MemberSource],
+    signatures: dict[tuple[str, str], str | None],
+) -> list[SyncOutcome]:
+    """One destination's audiences, in order, with one platform client."""
+    conn, reader = connections
     outcomes: list[SyncOutcome] = []
-    clients: dict[str, Platform] = {}
+    platform: Platform | None = None
     for target in targets:
         destination = target.destination
         try:
             # Rows edited by hand skip add_destination's checks: a malformed account id or
             # credential reference is refused here, before any call to the platform.
             destination.validate()
-            platform = clients.get(destination.destination_id)
-            if platform is None:
-                platform = clients[destination.destination_id] = platform_for(destination)
-            source, signature = members_for(target), signature_for(target)
+            platform = platform or platform_for(destination)
+            source = members_for(reader, target)
         except Exception as error:
             outcome = record_failure(conn, target, options, f"{type(error).__name__}: {error}")
         else:
+            signature = signatures[(destination.destination_id, target.audience)]
             try:
                 outcome = sync_audience(conn, target, source, platform, options, signature)
             except Exception as error:  # recorded in the history by sync_audience
@@ -150,11 +154,66 @@ def activate(
                     "failed",
                     f"{type(error).__name__}: {error}"[:500],
                 )
-        if outcome.status == "failed":
-            context.log.error(f"{destination.destination_id}/{target.audience}: {outcome.reason}")
-        elif outcome.reason:
-            context.log.info(f"{destination.destination_id}/{target.audience}: {outcome.reason}")
         outcomes.append(outcome)
+    return outcomes
+
+
+def activate(
+    context: dg.AssetExecutionContext,
+    connect: Callable[[], psycopg.Connection],
+    platforms: tuple[str, ...],
+    config: ActivationConfig,
+    platform_for: Callable[[Destination], Platform],
+    members_for: Callable[[psycopg.Connection, DestinationAudience], MemberSource],
+    signature_for: Callable[[psycopg.Connection, DestinationAudience], str | None],
+    workers: int = SYNC_WORKERS,
+) -> dg.MaterializeResult:
+    """Sync the run's destination audiences, `workers` destinations at a time, each worker
+    on connections of its own from `connect`. `members_for(reader, target)`; the signatures
+    are read before any sync starts, on a connection of their own."""
+    tenant_ids = sorted(context.partition_keys)
+    with connect() as conn:
+        targets = [
+            target
+            for tenant_id in tenant_ids
+            for target in destination_audiences(conn, tenant_id, platforms)
+            if not config.destinations or target.destination.destination_id in config.destinations
+        ]
+        signatures = {
+            (target.destination.destination_id, target.audience): signature_for(conn, target)
+            for target in targets
+        }
+    options = SyncOptions(config.dry_run, config.full_replace, config.force, context.run.run_id)
+    by_destination: dict[str, list[DestinationAudience]] = {}
+    for target in targets:
+        by_destination.setdefault(target.destination.destination_id, []).append(target)
+    idle: queue.SimpleQueue[Connections] = queue.SimpleQueue()
+
+    def sync(destination_targets: list[DestinationAudience]) -> list[SyncOutcome]:
+        try:
+            connections = idle.get_nowait()
+        except queue.Empty:
+            connections = (connect(), connect())
+        try:
+            return _sync_destination(
+                connections, destination_targets, options, platform_for, members_for, signatures
+            )
+        finally:
+            idle.put(connections)
+
+    try:
+        with ThreadPoolExecutor(max(1, workers), thread_name_prefix="activation") as pool:
+            outcomes = [o for group in pool.map(sync, by_destination.values()) for o in group]
+    finally:
+        while not idle.empty():
+            for connection in idle.get_nowait():
+                connection.close()
+    for outcome in outcomes:
+        where = f"{outcome.destination_id}/{outcome.audience}"
+        if outcome.status == "failed":
+            context.log.error(f"{where}: {outcome.reason}")
+        elif outcome.reason:
+            context.log.info(f"{where}: {outcome.reason}")
     tenant_of = {t.destination.destination_id: t.destination.tenant_id for t in targets}
     # One line per tenant, not per destination audience: each line is an event-log write,
     # and the per-audience figures are in the metadata table.
@@ -187,28 +246,28 @@ def activate_audiences(
     build_row: RowBuilder,
 ) -> dg.MaterializeResult:
     """`activate` for ad platforms: members from the audience views, hashed by `build_row`."""
-    with warehouse.connect() as conn, warehouse.connect() as reader:
+    with warehouse.connect() as conn:
         countries = {
             tenant_id: get_tenant(conn, tenant_id).default_country
             for tenant_id in context.partition_keys
         }
         views = audience_views(conn)
-        # audience -> tenant -> signature, for every tenant of the run at the audience's first
-        # push: one query per audience, not per tenant. A view refreshed before a later
-        # tenant's members are read leaves that tenant an older signature, so the change
-        # sensor pushes it once more (the diff sends nothing new).
-        signatures: dict[str, dict[str, str]] = {}
+    # audience -> tenant -> signature, for every tenant of the run, read before the first
+    # push: one query per audience, not per tenant. A view refreshed before a later tenant's
+    # members are read leaves that tenant an older signature, so the change sensor pushes it
+    # once more (the diff sends nothing new).
+    signatures: dict[str, dict[str, str]] = {}
 
-        def members(target: DestinationAudience) -> MemberSource:
-            require_audience(views, target.audience)
-            country = countries[target.destination.tenant_id]
-            return audience_members(reader, target, country, build_row)
+    def members(reader: psycopg.Connection, target: DestinationAudience) -> MemberSource:
+        require_audience(views, target.audience)
+        country = countries[target.destination.tenant_id]
+        return audience_members(reader, target, country, build_row)
 
-        def signature(target: DestinationAudience) -> str:
-            if target.audience not in signatures:
-                signatures[target.audience] = audience_signatures(
-                    conn, target.audience, context.partition_keys
-                )
-            return signatures[target.audience][target.destination.tenant_id]
+    def signature(conn: psycopg.Connection, target: DestinationAudience) -> str:
+        if target.audience not in signatures:
+            signatures[target.audience] = audience_signatures(
+                conn, target.audience, context.partition_keys
+            )
+        return signatures[target.audience][target.destination.tenant_id]
 
-        return activate(context, conn, platforms, config, platform_for, members, signature)
+    return activate(context, warehouse.connect, platforms, config, platform_for, members, signature)

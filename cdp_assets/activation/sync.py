@@ -93,16 +93,16 @@ def fingerprint(row: Row) -> str:
 class MemberSource:
     """An audience's desired members, in two parts that together hold each member once.
 
-    `confirmed`: a query, run on the sync's own connection with `params`, of the members the
-    destination confirmed whose unhashed inputs are unchanged (their source fingerprint is
-    the confirmed one), as (member_key, fingerprint, source_fingerprint, identifiers): their
-    confirmed row is reused as it is. `fresh`: the other members, as (member_key,
-    source_fingerprint, row), normalized and hashed on the way out.
+    `fresh`: members as (member_key, source_fingerprint, row), normalized and hashed on the
+    way out. `confirmed` (optional): a query, run on the sync's own connection with `params`,
+    of the members the destination confirmed whose unhashed inputs are unchanged (their
+    source fingerprint is the confirmed one), as (member_key, fingerprint,
+    source_fingerprint, identifiers): their confirmed row is reused as it is.
     """
 
-    confirmed: sql.Composable
-    params: dict[str, Any]
     fresh: Callable[[], Iterator[tuple[str, str, Row]]]
+    confirmed: sql.Composable | None = None
+    params: dict[str, Any] = field(default_factory=dict)
 
 
 def _load_desired(
@@ -124,17 +124,18 @@ def _load_desired(
                 continue
             copy.write_row((member_key, fingerprint(row), source_fingerprint, row))
             desired += 1
-    # A confirmed row was matchable when it was sent. The two parts read the audience at
-    # slightly different moments: a member both saw is kept once.
-    reused = conn.execute(
-        sql.SQL(
-            "INSERT INTO desired_members (member_key, fingerprint, source_fingerprint,"
-            " identifiers) {} ON CONFLICT (member_key) DO NOTHING"
-        ).format(members.confirmed),
-        members.params,
-    ).rowcount
+    if members.confirmed is not None:
+        # A confirmed row was matchable when it was sent. The two parts read the audience at
+        # slightly different moments: a member both saw is kept once.
+        desired += conn.execute(
+            sql.SQL(
+                "INSERT INTO desired_members (member_key, fingerprint, source_fingerprint,"
+                " identifiers) {} ON CONFLICT (member_key) DO NOTHING"
+            ).format(members.confirmed),
+            members.params,
+        ).rowcount
     conn.execute("ANALYZE desired_members")
-    return desired + reused, unmatchable
+    return desired, unmatchable
 
 
 _STATE = "destination_id = %(destination_id)s AND audience = %(audience)s"

@@ -6,8 +6,9 @@ from datetime import UTC, datetime, timedelta
 import dagster as dg
 import psycopg
 
-from cdp_assets.activation.destinations import DestinationAudience
+from cdp_assets.activation.destinations import Destination, DestinationAudience
 from cdp_assets.activation.run import ActivationConfig, activate
+from cdp_assets.activation.sync import MemberSource
 from cdp_assets.analytics.assets import dbt_audiences, dbt_tenant_models
 from cdp_assets.lib.dagster_home import VTEX_API_POOL
 from cdp_assets.lib.retries import ACTIVATION_RETRY, retry_transient
@@ -205,21 +206,25 @@ def vtex_product_collections(
     """Product collections written back to the tenant's VTEX store (destinations with platform
     'vtex_collections'; one rule per collection, see `vtex/collection_rules.py`), SKUs added and
     removed by difference, one paced call each."""
-    with warehouse.connect() as conn:
 
-        def members(target: DestinationAudience):
-            skus = collection_skus(conn, target.destination.tenant_id, target.params)
-            return lambda: iter(skus)
+    def members(reader: psycopg.Connection, target: DestinationAudience) -> MemberSource:
+        skus = collection_skus(reader, target.destination.tenant_id, target.params)
+        return MemberSource(lambda: iter(skus))
 
-        return activate(
-            context,
-            conn,
-            ("vtex_collections",),
-            config,
-            lambda destination: VtexCollections(
-                vtex.client_for(get_tenant(conn, destination.tenant_id)),
-                vtex.collection_write_rate(),
-            ),
-            members,
-            lambda _: None,
-        )
+    def collections_for(destination: Destination) -> VtexCollections:
+        with warehouse.connect() as conn:
+            tenant = get_tenant(conn, destination.tenant_id)
+        return VtexCollections(vtex.client_for(tenant), vtex.collection_write_rate())
+
+    # One destination at a time: two destinations of one store writing at once would make
+    # the concurrent collection writes VTEX deadlocks on (vtex/collections.py).
+    return activate(
+        context,
+        warehouse.connect,
+        ("vtex_collections",),
+        config,
+        collections_for,
+        members,
+        lambda _conn, _target: None,
+        workers=1,
+    )

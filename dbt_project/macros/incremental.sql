@@ -60,11 +60,13 @@
 
 {#- The pre-hook (outside the transaction) of the staging tables landed_since_staged filters:
     VACUUM of their raw table (meta raw_table), so that the anti-join can read its primary
-    key's index alone (migration 0010). Rendered at execution only: at parse time the
-    model's meta is not resolved yet. -#}
+    key's index alone (migration 0010). The index-only scan consults the table's visibility
+    map, never its TOAST table, where the documents are: that part (5 GB of a million
+    orders) is left to autovacuum. Rendered at execution only: at parse time the model's
+    meta is not resolved yet. -#}
 {% macro vacuum_raw_table() -%}
     {%- if execute -%}
-        vacuum {{ source('raw_vtex', config.get('meta')['raw_table']) }}
+        vacuum (process_toast false) {{ source('raw_vtex', config.get('meta')['raw_table']) }}
     {%- endif -%}
 {%- endmacro %}
 
