@@ -20,7 +20,7 @@ from activation_support import (
 from activation_support import push as push_activation
 
 from cdp_assets.activation.audiences import audience_members
-from cdp_assets.activation.destinations import Destination, DestinationAudience
+from cdp_assets.activation.destinations import Destination, DestinationAudience, add_audience
 from cdp_assets.activation.identifiers import (
     meta_row,
     normalize_email,
@@ -315,6 +315,25 @@ def test_rows_the_platform_refuses_are_recorded_and_sent_again(instance, url, sa
     second = outcome(push(instance, url, sandbox, "meta_rejects"))
     assert (second["added"], second["rejected"], second["unchanged"]) == (1, 0, 179)
     assert member_keys(sandbox, "meta_rejects") == matchable("meta_rejects", range(200))
+
+
+def test_an_audience_without_its_view_fails_alone(instance, url, sandbox) -> None:
+    destination = setup(url, "meta_noview", 150, range(150))
+    with psycopg.connect(url) as conn:
+        add_audience(conn, destination.destination_id, "audience_never_built")
+        conn.commit()
+    result = push(instance, url, sandbox, "meta_noview")
+    assert not result.success
+    (failure,) = [e for e in result.all_events if e.is_step_failure]
+    assert "meta_noview_meta/audience_never_built" in failure.step_failure_data.error.message
+    with psycopg.connect(url) as conn:
+        history = {r["audience"]: r for r in runs(conn, destination.destination_id)}
+    assert history[AUDIENCE]["status"] == "synced" and history[AUDIENCE]["added"] == 135
+    assert history["audience_never_built"]["status"] == "failed"
+    assert (
+        "no audience materialized view audiences.audience_never_built"
+        in (history["audience_never_built"]["reason"])
+    )
 
 
 def test_a_missing_credential_fails_naming_the_reference(instance, url, sandbox) -> None:

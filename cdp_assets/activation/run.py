@@ -8,6 +8,7 @@ A failing destination does not stop the others; the asset fails at the end, nami
 from __future__ import annotations
 
 import queue
+import threading
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -126,7 +127,7 @@ def _sync_destination(
     options: SyncOptions,
     platform_for: Callable[[Destination], Platform],
     members_for: Callable[[psycopg.Connection, DestinationAudience], MemberSource],
-    signatures: dict[tuple[str, str], str | None],
+    signature_for: Callable[[psycopg.Connection, DestinationAudience], str | None],
 ) -> list[SyncOutcome]:
     """One destination's audiences, in order, with one platform client."""
     conn, reader = connections
@@ -139,11 +140,10 @@ def _sync_destination(
             # credential reference is refused here, before any call to the platform.
             destination.validate()
             platform = platform or platform_for(destination)
-            source = members_for(reader, target)
+            source, signature = members_for(reader, target), signature_for(conn, target)
         except Exception as error:
             outcome = record_failure(conn, target, options, f"{type(error).__name__}: {error}")
         else:
-            signature = signatures[(destination.destination_id, target.audience)]
             try:
                 outcome = sync_audience(conn, target, source, platform, options, signature)
             except Exception as error:  # recorded in the history by sync_audience
@@ -169,8 +169,8 @@ def activate(
     workers: int = SYNC_WORKERS,
 ) -> dg.MaterializeResult:
     """Sync the run's destination audiences, `workers` destinations at a time, each worker
-    on connections of its own from `connect`. `members_for(reader, target)`; the signatures
-    are read before any sync starts, on a connection of their own."""
+    on connections of its own from `connect`: `members_for(reader, target)` and
+    `signature_for(writer, target)` are called from the workers."""
     tenant_ids = sorted(context.partition_keys)
     with connect() as conn:
         targets = [
@@ -179,10 +179,6 @@ def activate(
             for target in destination_audiences(conn, tenant_id, platforms)
             if not config.destinations or target.destination.destination_id in config.destinations
         ]
-        signatures = {
-            (target.destination.destination_id, target.audience): signature_for(conn, target)
-            for target in targets
-        }
     options = SyncOptions(config.dry_run, config.full_replace, config.force, context.run.run_id)
     by_destination: dict[str, list[DestinationAudience]] = {}
     for target in targets:
@@ -196,7 +192,7 @@ def activate(
             connections = (connect(), connect())
         try:
             return _sync_destination(
-                connections, destination_targets, options, platform_for, members_for, signatures
+                connections, destination_targets, options, platform_for, members_for, signature_for
             )
         finally:
             idle.put(connections)
@@ -252,11 +248,12 @@ def activate_audiences(
             for tenant_id in context.partition_keys
         }
         views = audience_views(conn)
-    # audience -> tenant -> signature, for every tenant of the run, read before the first
+    # audience -> tenant -> signature, for every tenant of the run at the audience's first
     # push: one query per audience, not per tenant. A view refreshed before a later tenant's
     # members are read leaves that tenant an older signature, so the change sensor pushes it
     # once more (the diff sends nothing new).
     signatures: dict[str, dict[str, str]] = {}
+    reading_signatures = threading.Lock()
 
     def members(reader: psycopg.Connection, target: DestinationAudience) -> MemberSource:
         require_audience(views, target.audience)
@@ -264,10 +261,11 @@ def activate_audiences(
         return audience_members(reader, target, country, build_row)
 
     def signature(conn: psycopg.Connection, target: DestinationAudience) -> str:
-        if target.audience not in signatures:
-            signatures[target.audience] = audience_signatures(
-                conn, target.audience, context.partition_keys
-            )
-        return signatures[target.audience][target.destination.tenant_id]
+        with reading_signatures:
+            if target.audience not in signatures:
+                signatures[target.audience] = audience_signatures(
+                    conn, target.audience, context.partition_keys
+                )
+            return signatures[target.audience][target.destination.tenant_id]
 
     return activate(context, warehouse.connect, platforms, config, platform_for, members, signature)
