@@ -139,7 +139,8 @@ def _sync_destination(
             # Rows edited by hand skip add_destination's checks: a malformed account id or
             # credential reference is refused here, before any call to the platform.
             destination.validate()
-            platform = platform or platform_for(destination)
+            if platform is None:
+                platform = platform_for(destination)
             source, signature = members_for(reader, target), signature_for(conn, target)
         except Exception as error:
             outcome = record_failure(conn, target, options, f"{type(error).__name__}: {error}")
