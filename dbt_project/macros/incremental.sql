@@ -38,22 +38,46 @@
 
 
 {#-
-    Filter of the staging models that parse raw documents: on an incremental run, only the
-    raw rows that landed (were inserted or changed: raw synced_at) since the model parsed
-    them. Raw rows are never deleted, so "no staged row with this key and landing time" is
-    exactly the work left, whatever order rows landed in and however long ago the model
-    last ran. Parsing every document again on each refresh was most of a refresh's time.
+    Join of the staging models that parse raw documents (the raw relation aliased `alias`): on
+    an incremental run, only the raw rows that landed (were inserted or changed: raw synced_at)
+    since the model parsed them. Raw rows are never deleted, so "no staged row with this key
+    and landing time" is exactly the work left, whatever order rows landed in and however long
+    ago the model last ran. Parsing every document again on each refresh was most of a
+    refresh's time.
+
+    The search compares keys alone: the raw primary key's index holds synced_at (migration
+    0010) and this table's landed_index the other side, so it is a merge of two index-only
+    scans, and only the rows it finds are read from the raw table, by primary key. Filtering
+    the raw rows themselves read every one of them from the heap (a million orders: 0.8 s
+    against 0.4 s).
 -#}
-{% macro landed_since_staged(raw_relation, key) -%}
+{% macro landed_since_staged(raw_relation, alias, key) -%}
     {%- if is_incremental() -%}
-        not exists (
-            select from {{ this }} as staged
-            where staged.tenant_id = {{ raw_relation }}.tenant_id
-                and staged.{{ key }} = {{ raw_relation }}.{{ key }}
-                and staged.landed_at = {{ raw_relation }}.synced_at
-        )
-    {%- else -%}
-        true
+    inner join (
+        select landed.tenant_id, landed.{{ key }}
+        from {{ raw_relation }} as landed
+        where {{ tenant_filter('landed.tenant_id') }}
+            and not exists (
+                select from {{ this }} as staged
+                where staged.tenant_id = landed.tenant_id
+                    and staged.{{ key }} = landed.{{ key }}
+                    and staged.landed_at = landed.synced_at
+            )
+    ) as landed_keys
+        on {{ alias }}.tenant_id = landed_keys.tenant_id
+        and {{ alias }}.{{ key }} = landed_keys.{{ key }}
+    {%- endif -%}
+{%- endmacro %}
+
+
+{#- Pre-hook (inside the transaction) of the same staging tables on an incremental run: no
+    parallel plans for the search above. With parallel workers the planner prefers hashing the
+    whole staged table in several processes (a million orders: 0.6 s on two) to the merge of
+    the two indexes (0.4 s on one), while dbt's other threads are waiting for the same cores.
+    A first build reads every document and keeps its parallel plans. -#}
+{% macro serial_landed_search() -%}
+    {%- if is_incremental() -%}
+        set local max_parallel_workers_per_gather = 0
     {%- endif -%}
 {%- endmacro %}
 

@@ -21,6 +21,8 @@ purchase_days as (
         customer_key,
         order_date as purchase_date,
         count(*) as orders,
+        min(created_at) as first_created_at,
+        max(created_at) as last_created_at,
         coalesce(sum(order_total), 0) as day_spend,
         row_number() over (partition by tenant_id, customer_key order by order_date) as day_number
     from purchases
@@ -35,6 +37,8 @@ select
     count(*)::integer as purchase_days,
     min(purchase_date) as first_purchase_date,
     max(purchase_date) as last_purchase_date,
+    min(first_created_at) as first_purchase_at,
+    max(last_created_at) as last_purchase_at,
     sum(day_spend)::numeric(18, 2) as revenue,
     -- BG/NBD inputs in days: x = repeat purchase days, t_x = first to last day,
     -- T = first day to as_of; m_x = mean spend of the repeat days (0 when x = 0).

@@ -6,13 +6,6 @@ with purchase_summary as (
     where {{ tenant_filter() }}
 ),
 
-purchases as (
-    select * from {{ ref('int_orders__purchases') }}
-    where {{ tenant_filter() }}
-        and is_purchase
-        and order_date <= {{ as_of_date() }}
-),
-
 customer_keys as (
     select * from {{ ref('int_identity__customer_keys') }}
     where {{ tenant_filter() }}
@@ -25,16 +18,6 @@ identity_records as (
 
 tenants as (
     select * from {{ ref('stg_cdp__tenants') }}
-),
-
-purchase_times as (
-    select
-        tenant_id,
-        customer_key,
-        min(created_at) as first_purchase_at,
-        max(created_at) as last_purchase_at
-    from purchases
-    group by tenant_id, customer_key
 ),
 
 -- Contact data: CL documents first (the customer's own profile, with the real e-mail),
@@ -67,8 +50,8 @@ profiles as (
 select
     purchase_summary.tenant_id,
     purchase_summary.customer_key,
-    purchase_times.first_purchase_at,
-    purchase_times.last_purchase_at,
+    purchase_summary.first_purchase_at,
+    purchase_summary.last_purchase_at,
     purchase_summary.orders as purchases,
     purchase_summary.revenue,
     (purchase_summary.revenue / purchase_summary.orders)::numeric(18, 2) as avg_order_value,
@@ -89,9 +72,6 @@ select
     profiles.user_profile_id,
     profiles.is_newsletter_opt_in
 from purchase_summary
-inner join purchase_times
-    on purchase_summary.tenant_id = purchase_times.tenant_id
-    and purchase_summary.customer_key = purchase_times.customer_key
 left join profiles
     on purchase_summary.tenant_id = profiles.tenant_id
     and purchase_summary.customer_key = profiles.customer_key

@@ -1,8 +1,9 @@
 -- One row per Master Data CL document: the customer's own profile, with the real e-mail.
 with customers as (
-    select * from {{ source('raw_vtex', 'customers') }} as raw_customers
+    select raw_customers.*
+    from {{ source('raw_vtex', 'customers') }} as raw_customers
+    {{ landed_since_staged(source('raw_vtex', 'customers'), 'raw_customers', 'customer_id') }}
     where {{ tenant_filter('raw_customers.tenant_id') }}
-        and {{ landed_since_staged('raw_customers', 'customer_id') }}
 )
 
 select

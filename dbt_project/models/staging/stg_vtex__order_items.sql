@@ -1,8 +1,9 @@
 -- One row per order line (items[] of the Get-order document), prices from cents to units.
 with orders as (
-    select * from {{ source('raw_vtex', 'orders') }} as raw_orders
+    select raw_orders.*
+    from {{ source('raw_vtex', 'orders') }} as raw_orders
+    {{ landed_since_staged(source('raw_vtex', 'orders'), 'raw_orders', 'order_id') }}
     where {{ tenant_filter('raw_orders.tenant_id') }}
-        and {{ landed_since_staged('raw_orders', 'order_id') }}
 ),
 
 items as (

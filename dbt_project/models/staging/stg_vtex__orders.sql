@@ -1,8 +1,9 @@
 -- One row per order: the Get-order document flattened, money from integer cents to units.
 with orders as (
-    select * from {{ source('raw_vtex', 'orders') }} as raw_orders
+    select raw_orders.*
+    from {{ source('raw_vtex', 'orders') }} as raw_orders
+    {{ landed_since_staged(source('raw_vtex', 'orders'), 'raw_orders', 'order_id') }}
     where {{ tenant_filter('raw_orders.tenant_id') }}
-        and {{ landed_since_staged('raw_orders', 'order_id') }}
 ),
 
 -- The landed summary, not the document: it holds the fields read here in the document's own
