@@ -249,11 +249,20 @@ def test_refreshing_one_tenant_leaves_the_others_untouched(analytics, conn, inst
 
 
 IDENTITY_ROWS_SQL = "SELECT record_id, xmin::text FROM intermediate.{} WHERE tenant_id = 'an_big'"
+# Without built_at: when a run built a row is all that may differ from a full rebuild.
 IDENTITY_SQL = """
-    SELECT r.*, k.customer_key FROM intermediate.int_identity__records r
+    SELECT to_jsonb(r) - 'built_at', k.customer_key FROM intermediate.int_identity__records r
       JOIN intermediate.int_identity__customer_keys k USING (tenant_id, record_id)
      WHERE r.tenant_id = 'an_big' ORDER BY r.record_id
 """
+PROFILES_SQL = """
+    SELECT to_jsonb(p) - 'built_at' FROM intermediate.int_customers__profiles p
+     WHERE p.tenant_id = 'an_big' ORDER BY p.customer_key
+"""
+PROFILE_ROWS_SQL = (
+    "SELECT customer_key, xmin::text FROM intermediate.int_customers__profiles"
+    " WHERE tenant_id = 'an_big'"
+)
 # Each buyer's latest order (the one its record takes its keys from), with its customer.
 LATEST_ORDERS_SQL = """
     SELECT DISTINCT ON (o.user_profile_id) o.order_id, o.user_profile_id, k.customer_key
@@ -278,12 +287,14 @@ def test_identity_refresh_resolves_only_the_customers_a_change_touches(
 ):
     """An order taking another customer's document merges the two customers; an order losing
     its userProfileId becomes a guest record of its own. The refresh rewrites only the rows
-    of the records and customers concerned, and leaves both identity tables exactly as a
-    full rebuild would."""
+    of the records and customers concerned, and leaves both identity tables and the customers'
+    profiles exactly as a full rebuild would."""
     customers: dict[str, tuple[str, str]] = {}
     for order_id, profile, customer_key in conn.execute(LATEST_ORDERS_SQL):
         customers.setdefault(customer_key, (order_id, profile))
-    (merged, merged_profile), (donor, donor_profile), (guest, _) = list(customers.values())[:3]
+    (merged_key, (merged, merged_profile)), (donor_key, (donor, donor_profile)), (_, (guest, _)) = (
+        list(customers.items())[:3]
+    )
     originals = conn.execute(
         "SELECT order_id, payload, summary FROM raw_vtex.orders"
         " WHERE tenant_id = 'an_big' AND order_id = ANY(%s)",
@@ -293,6 +304,7 @@ def test_identity_refresh_resolves_only_the_customers_a_change_touches(
         table: dict(conn.execute(IDENTITY_ROWS_SQL.format(table)).fetchall())
         for table in ("int_identity__records", "int_identity__customer_keys")
     }
+    profile_versions = dict(conn.execute(PROFILE_ROWS_SQL).fetchall())
     take_document = (
         "jsonb_set({column}, '{{clientProfileData,document}}', (SELECT payload -> "
         "'clientProfileData' -> 'document' FROM raw_vtex.orders WHERE tenant_id = 'an_big'"
@@ -331,17 +343,28 @@ def test_identity_refresh_resolves_only_the_customers_a_change_touches(
         assert len(rewritten_records) <= 3
         assert {f"profile:{merged_profile}", f"order:{guest}"} <= rewritten_keys
         assert len(rewritten_keys) < len(keys) / 20
+        # One profile per customer, the merged-away customer's deleted; only the profiles of
+        # the customers concerned rebuilt.
+        profiles = dict(conn.execute(PROFILE_ROWS_SQL).fetchall())
+        assert set(profiles) == set(keys.values())
+        assert len({merged_key, donor_key} & set(profiles)) == 1
+        rewritten_profiles = _rewritten(profile_versions, profiles)
+        assert keys[f"profile:{merged_profile}"] in rewritten_profiles
+        assert keys[f"order:{guest}"] in rewritten_profiles
+        assert len(rewritten_profiles) < len(profiles) / 20
         incremental = conn.execute(IDENTITY_SQL).fetchall()
+        incremental_profiles = conn.execute(PROFILES_SQL).fetchall()
         conn.commit()  # the full refresh replaces the tables: no read may hold them
         run_dbt(
             warehouse_url,
             "run",
             "--full-refresh",
             "--select",
-            "int_identity__records int_identity__customer_keys",
+            "int_identity__records int_identity__customer_keys int_customers__profiles",
         )
         conn.commit()
         assert conn.execute(IDENTITY_SQL).fetchall() == incremental
+        assert conn.execute(PROFILES_SQL).fetchall() == incremental_profiles
     finally:
         for order_id, payload, summary in originals:
             conn.execute(

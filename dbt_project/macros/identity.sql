@@ -237,3 +237,18 @@
     analyze identity_key_counts
     {%- endif -%}
 {% endmacro %}
+
+
+{#- Post-hook of int_customers__profiles: the profiles of customers that no longer exist (their
+    records were merged into another customer, or are gone). -#}
+{% macro delete_profiles_gone() %}
+    {%- if is_incremental() -%}
+        delete from {{ this }} as profiles
+        where {{ tenant_filter('profiles.tenant_id') }}
+            and not exists (
+                select from {{ ref('int_identity__customer_keys') }} as customer_keys
+                where customer_keys.tenant_id = profiles.tenant_id
+                    and customer_keys.customer_key = profiles.customer_key
+            )
+    {%- endif -%}
+{% endmacro %}

@@ -82,15 +82,20 @@
 {%- endmacro %}
 
 
-{#- The pre-hook (outside the transaction) of the staging tables landed_since_staged filters:
-    VACUUM of their raw table (meta raw_table), so that the anti-join can read its primary
-    key's index alone (migration 0010). The index-only scan consults the table's visibility
-    map, never its TOAST table, where the documents are: that part (5 GB of a million
-    orders) is left to autovacuum. Rendered at execution only: at parse time the model's
-    meta is not resolved yet. -#}
+{#- The pre-hook (outside the transaction) of the staging tables landed_since_staged joins:
+    VACUUM of their raw table (meta raw_table), so that the search can read its primary
+    key's index alone (migration 0010), and ANALYZE of the columns it reads (meta raw_key), so
+    that the planner knows how few rows it finds and reads them by primary key: with no
+    statistics it expected a fifth of the table and read the whole heap into a hash (9,000
+    landed orders of a million: 5.0 s against 0.5 s). The index-only scan consults the
+    table's visibility map, never its TOAST table, where the documents are: that part (5 GB
+    of a million orders) is left to autovacuum, and ANALYZE reads no document. Rendered at
+    execution only: at parse time the model's meta is not resolved yet. -#}
 {% macro vacuum_raw_table() -%}
     {%- if execute -%}
-        vacuum (process_toast false) {{ source('raw_vtex', config.get('meta')['raw_table']) }}
+        {%- set meta = config.get('meta') -%}
+        vacuum (analyze, process_toast false) {{ source('raw_vtex', meta['raw_table']) }}
+            (tenant_id, {{ meta['raw_key'] }}, synced_at)
     {%- endif -%}
 {%- endmacro %}
 

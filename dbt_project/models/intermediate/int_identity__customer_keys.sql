@@ -138,7 +138,9 @@ select
     numbered_records.tenant_id,
     numbered_records.record_id,
     md5(numbered_records.tenant_id || '|' || anchors.record_id) as customer_key,
-    {{ identity_key_columns('numbered_records') }}
+    {{ identity_key_columns('numbered_records') }},
+    -- When this run resolved the record: int_customers__profiles rebuilds its customer's profile.
+    now() as built_at
 from components
 inner join numbered_records on components.record_number = numbered_records.record_number
 inner join numbered_records as anchors on components.anchor_record_number = anchors.record_number

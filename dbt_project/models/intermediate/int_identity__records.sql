@@ -185,6 +185,8 @@ select
     tenants.default_country as country,
     records.first_seen_at,
     records.last_seen_at,
-    records.source_landing
+    records.source_landing,
+    -- When this run rebuilt the record: int_customers__profiles rebuilds its customer's profile.
+    now() as built_at
 from records
 left join tenants on records.tenant_id = tenants.tenant_id
