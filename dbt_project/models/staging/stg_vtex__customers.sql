@@ -1,8 +1,7 @@
 -- One row per Master Data CL document: the customer's own profile, with the real e-mail.
 with customers as (
-    select raw_customers.*
-    from {{ source('raw_vtex', 'customers') }} as raw_customers
-    {{ landed_since_staged(source('raw_vtex', 'customers'), 'raw_customers', 'customer_id') }}
+    select *
+    from {{ landed_since_staged(source('raw_vtex', 'customers'), 'customer_id') }} as raw_customers
     where {{ tenant_filter('raw_customers.tenant_id') }}
 )
 

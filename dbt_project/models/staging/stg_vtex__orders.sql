@@ -1,8 +1,7 @@
 -- One row per order: the Get-order document flattened, money from integer cents to units.
 with orders as (
-    select raw_orders.*
-    from {{ source('raw_vtex', 'orders') }} as raw_orders
-    {{ landed_since_staged(source('raw_vtex', 'orders'), 'raw_orders', 'order_id') }}
+    select *
+    from {{ landed_since_staged(source('raw_vtex', 'orders'), 'order_id') }} as raw_orders
     where {{ tenant_filter('raw_orders.tenant_id') }}
 ),
 
