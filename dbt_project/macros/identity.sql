@@ -87,15 +87,18 @@
 {%- endmacro %}
 
 
-{#- Post-hook of int_identity__customer_keys: the rows of records that no longer exist. -#}
-{% macro delete_resolved_records_gone() %}
+{#- Post-hook of the incremental identity tables built from another (`upstream`): the rows whose
+    `key` in their tenant is no longer in it (int_identity__customer_keys: records gone from
+    int_identity__records; int_customers__profiles: customers gone from
+    int_identity__customer_keys, merged into another or without records). -#}
+{% macro delete_rows_gone(upstream, key) %}
     {%- if is_incremental() -%}
-        delete from {{ this }} as resolved
-        where {{ tenant_filter('resolved.tenant_id') }}
+        delete from {{ this }} as built
+        where {{ tenant_filter('built.tenant_id') }}
             and not exists (
-                select from {{ ref('int_identity__records') }} as records
-                where records.tenant_id = resolved.tenant_id
-                    and records.record_id = resolved.record_id
+                select from {{ upstream }} as upstream
+                where upstream.tenant_id = built.tenant_id
+                    and upstream.{{ key }} = built.{{ key }}
             )
     {%- endif -%}
 {% endmacro %}
@@ -235,20 +238,5 @@
     )
     group by record_keys.tenant_id, record_keys.identity_key;
     analyze identity_key_counts
-    {%- endif -%}
-{% endmacro %}
-
-
-{#- Post-hook of int_customers__profiles: the profiles of customers that no longer exist (their
-    records were merged into another customer, or are gone). -#}
-{% macro delete_profiles_gone() %}
-    {%- if is_incremental() -%}
-        delete from {{ this }} as profiles
-        where {{ tenant_filter('profiles.tenant_id') }}
-            and not exists (
-                select from {{ ref('int_identity__customer_keys') }} as customer_keys
-                where customer_keys.tenant_id = profiles.tenant_id
-                    and customer_keys.customer_key = profiles.customer_key
-            )
     {%- endif -%}
 {% endmacro %}
