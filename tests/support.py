@@ -94,8 +94,9 @@ def metadata(result: dg.ExecuteInProcessResult) -> dict[str, float]:
     return {k: v.value for k, v in event.materialization.metadata.items()}
 
 
-def run_dbt(warehouse_url: str, *args: str) -> str:
-    """Run dbt on the project against the test database, as an analyst would; its output."""
+def run_dbt(warehouse_url: str, *args: str, succeeds: bool = True) -> str:
+    """Run dbt on the project against the test database, as an analyst would; its output.
+    It must exit 0, or with `succeeds=False` must fail."""
     env = {**os.environ, **dbt_connection_env(warehouse_url), "DO_NOT_TRACK": "1"}
     command = [
         DBT_EXECUTABLE,
@@ -106,7 +107,7 @@ def run_dbt(warehouse_url: str, *args: str) -> str:
         str(DBT_PROJECT_DIR),
     ]
     done = subprocess.run(command, env=env, capture_output=True, text=True)
-    assert done.returncode == 0, done.stdout[-3000:]
+    assert (done.returncode == 0) == succeeds, done.stdout[-3000:]
     return done.stdout
 
 

@@ -388,28 +388,44 @@ def test_customers_keep_one_index_by_tenant_and_key_through_refreshes(analytics,
     assert definition.endswith("(tenant_id, customer_key)")
 
 
-def test_a_tenants_run_tests_only_that_tenants_rows(analytics, conn, instance):
-    """One tenant's bad row (a segment outside the table) fails neither another tenant's run
-    nor that run's checks: the dbt tests of a tenant's run read that tenant's rows."""
-    key, segment = conn.execute(
-        "SELECT customer_key, segment FROM marts.rfm_segments WHERE tenant_id = 'an_big' LIMIT 1"
-    ).fetchone()
-    corrupt = "UPDATE marts.rfm_segments SET segment = %s WHERE tenant_id = 'an_big'"
-    corrupt += " AND customer_key = %s"
-    conn.execute(corrupt, ("Bogus", key))
+def test_a_tenants_run_tests_only_that_tenants_rows(analytics, conn, instance, warehouse_url):
+    """One tenant's bad rows (a segment outside the table, a score missing) fail neither
+    another tenant's run nor that run's checks: the dbt tests of a tenant's run read that
+    tenant's rows. The same tests over the bad tenant find both."""
+    (first, segment, _), (second, _, frequency) = conn.execute(
+        "SELECT customer_key, segment, frequency FROM marts.rfm_segments"
+        " WHERE tenant_id = 'an_big' ORDER BY customer_key LIMIT 2"
+    ).fetchall()
+    corrupt = "UPDATE marts.rfm_segments SET {} = %s WHERE customer_key = %s"
+    conn.execute(corrupt.format("segment"), ("Bogus", first))
+    conn.execute(corrupt.format("frequency"), (None, second))
     conn.commit()
     try:
         result = refresh_tenant(instance, "an_tiny")
+        failed = run_dbt(
+            warehouse_url,
+            "test",
+            "--select",
+            "rfm_segments,test_type:data",
+            "--vars",
+            json.dumps({"tenant_id": "an_big"}),
+            succeeds=False,
+        )
     finally:
-        conn.execute(corrupt, (segment, key))
+        conn.execute(corrupt.format("segment"), (segment, first))
+        conn.execute(corrupt.format("frequency"), (frequency, second))
         conn.commit()
-    evaluations = [
+    checks = [
         evaluation
         for evaluation in result.get_asset_check_evaluations()
         if evaluation.asset_key == dg.AssetKey("rfm_segments")
     ]
-    assert any("accepted_values" in e.check_name for e in evaluations)
-    assert all(e.passed for e in evaluations)
+    for kind in ("accepted_values", "not_null_columns"):
+        assert any(check.check_name.startswith(kind) for check in checks)
+    assert all(check.passed for check in checks)
+    failures = re.findall(r"FAIL 1 (\S+)", failed)
+    assert any(name.startswith("accepted_values_rfm_segments_segment") for name in failures)
+    assert any(name.startswith("not_null_columns_rfm_segments") for name in failures)
 
 
 def test_a_refresh_reuses_the_last_parse_of_the_project(analytics, instance):

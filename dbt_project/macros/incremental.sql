@@ -1,11 +1,11 @@
 {#-
-    Pre-hook of every tenant-scoped incremental model (delete+insert, unique_key tenant_id).
-
-    dbt's delete+insert only deletes the tenant_id values present in the new batch, so a
-    tenant whose rows all disappear (e.g. it fell below the RFM minimum) would keep stale
-    rows. This hook first deletes exactly the rows in scope: the tenants the var names, or
-    everything when it is not set. It runs inside the model's transaction, before the insert,
-    so readers see the old rows until the commit, and other tenants' rows are never touched.
+    Pre-hook of every tenant-scoped incremental model (strategy append): it deletes exactly
+    the rows in scope, the tenants the var names or everything when it is not set, and the
+    append then inserts the fresh ones. A tenant whose rows all disappear (e.g. it fell below
+    the RFM minimum) keeps nothing stale, which delete+insert keyed on tenant_id would not
+    give: it deletes only the tenants present in the new batch. It runs inside the model's
+    transaction, before the insert, so readers see the old rows until the commit, and other
+    tenants' rows are never touched.
 
     A full refresh with a tenant var is refused (refuse_partial_full_refresh).
 -#}
