@@ -1,12 +1,17 @@
 """The Python step between the dbt models: BG/NBD + Gamma-Gamma fits per tenant (scipy,
 which dbt cannot run on Postgres), today's and the churn holdout's."""
 
-from collections.abc import Sequence
+import itertools
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from datetime import date
+from operator import itemgetter
 
 import dagster as dg
 import numpy as np
 import psycopg
 from dagster_dbt import get_asset_key_for_model
+from numpy.typing import NDArray
 
 from cdp_assets.analytics.assets import (
     HOLDOUT_SUMMARY_MODEL,
@@ -19,20 +24,60 @@ from cdp_assets.analytics.predictions import HORIZON_MONTHS, Predictions, predic
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.partitions import tenants
 
+SUMMARY_MODEL = "int_customers__purchase_summary"
+
 
 def summary_sql(model: str) -> str:
-    """One tenant's fit inputs from a purchase summary model (macro purchase_summary), in a
-    fixed order: floating-point sums depend on it, and the same data must give the same fit."""
+    """Some tenants' fit inputs from a purchase summary model (macro purchase_summary), tenant
+    after tenant and in a fixed order within each: floating-point sums depend on it, and the
+    same data must give the same fit. One query for every tenant of a run: one per tenant
+    scanned the whole summary each time (41 tenants: 1.1 s of the server's time)."""
     return f"""
-SELECT customer_key, frequency_x, recency_t_x_days, age_t_days, mean_repeat_spend,
-       revenue / nullif(purchase_days, 0), as_of
+SELECT tenant_id, customer_key, frequency_x, recency_t_x_days, age_t_days,
+       mean_repeat_spend::float8, (revenue / nullif(purchase_days, 0))::float8, as_of
   FROM intermediate.{model}
- WHERE tenant_id = %s
- ORDER BY customer_key
+ WHERE tenant_id = ANY(%s)
+ ORDER BY tenant_id COLLATE "C", customer_key COLLATE "C"
 """
 
 
-SUMMARY_SQL = summary_sql("int_customers__purchase_summary")
+@dataclass
+class FitInputs:
+    """One tenant's customers as the models take them (days; spend in currency units)."""
+
+    tenant_id: str
+    as_of: date | None  # None: the tenant has no customers
+    keys: list[str]
+    x: NDArray[np.float64]
+    t_x: NDArray[np.float64]
+    T: NDArray[np.float64]
+    m_x: NDArray[np.float64]
+    spend_per_day: NDArray[np.float64]
+
+
+def read_fit_inputs(
+    conn: psycopg.Connection, model: str, tenant_ids: Sequence[str]
+) -> Iterator[FitInputs]:
+    """Each of `tenant_ids` in turn (in code point order), streamed from one query: one
+    tenant's rows in memory at a time. A tenant without rows comes with none."""
+    with conn.cursor(name=f"fit_inputs_{model}", binary=True) as cursor:
+        cursor.itersize = 10_000
+        cursor.execute(summary_sql(model), (list(tenant_ids),))
+        groups = itertools.groupby(cursor, key=itemgetter(0))
+        group = next(groups, None)
+        for tenant_id in sorted(tenant_ids):
+            rows: list[tuple] = []
+            if group is not None and group[0] == tenant_id:
+                rows = list(group[1])
+                group = next(groups, None)
+            yield _fit_inputs(tenant_id, rows)
+
+
+def _fit_inputs(tenant_id: str, rows: list[tuple]) -> FitInputs:
+    _, keys, *numbers, as_of = zip(*rows, strict=True) if rows else ((),) * 8
+    # NULL (None, then NaN) counts as 0.
+    x, t_x, T, m_x, spend = (np.nan_to_num(np.array(c, dtype=float)) for c in numbers)
+    return FitInputs(tenant_id, as_of[0] if rows else None, list(keys), x, t_x, T, m_x, spend)
 
 
 def _predictions_asset(
@@ -63,13 +108,12 @@ def _predictions_asset(
         context: dg.AssetExecutionContext, warehouse: WarehouseResource
     ) -> dg.MaterializeResult:
         fitted: list[tuple[str, int, Predictions]] = []
-        with warehouse.connect() as conn:
-            for tenant_id in run_tenants(context):
-                rows = conn.execute(summary_sql(summary_model), (tenant_id,)).fetchall()
-                result = _replace_predictions(conn, table, tenant_id, rows, record_fits)
+        with warehouse.connect() as reader, warehouse.connect() as conn:
+            for inputs in read_fit_inputs(reader, summary_model, run_tenants(context)):
+                result = _replace_predictions(conn, table, inputs, record_fits)
                 # Tenant by tenant: a failure later in a long run keeps the tenants done.
                 conn.commit()
-                fitted.append((tenant_id, len(rows), result))
+                fitted.append((inputs.tenant_id, len(inputs.keys), result))
         if len(fitted) == 1:
             _, customers, result = fitted[0]
             return dg.MaterializeResult(metadata=_metadata(result, customers))
@@ -86,7 +130,7 @@ def _predictions_asset(
 
 customer_predictions = _predictions_asset(
     "customer_predictions",
-    (dbt_tenant_models, "int_customers__purchase_summary"),
+    (dbt_tenant_models, SUMMARY_MODEL),
     ANALYTICS_AUTOMATION,
     record_fits=True,
     description="""P(alive), expected purchases and CLV over 1, 3 and 5 years per customer.
@@ -108,17 +152,15 @@ holdout_predictions = _predictions_asset(
 
 
 def _replace_predictions(
-    conn: psycopg.Connection, table: str, tenant_id: str, rows: Sequence[tuple], record_fits: bool
+    conn: psycopg.Connection, table: str, inputs: FitInputs, record_fits: bool
 ) -> Predictions:
-    keys = [r[0] for r in rows]
-    x, t_x, T, m_x, spend = (np.array([r[i] or 0 for r in rows], dtype=float) for i in range(1, 6))
-    result = predict(x, t_x, T, m_x, spend)
-    conn.execute(f"DELETE FROM {table} WHERE tenant_id = %s", (tenant_id,))
-    if rows:
-        as_of = rows[0][6]
-        _copy_predictions(conn, table, tenant_id, as_of, keys, x, t_x, T, m_x, result)
+    result = predict(inputs.x, inputs.t_x, inputs.T, inputs.m_x, inputs.spend_per_day)
+    conn.execute(f"DELETE FROM {table} WHERE tenant_id = %s", (inputs.tenant_id,))
+    if inputs.keys:
+        _copy_predictions(conn, table, inputs, result)
         if record_fits:
-            _record_fit(conn, tenant_id, as_of, len(keys), int((x > 0).sum()), result)
+            repeaters = int((inputs.x > 0).sum())
+            _record_fit(conn, inputs.tenant_id, inputs.as_of, len(inputs.keys), repeaters, result)
     return result
 
 
@@ -137,7 +179,7 @@ def _fits_table(fitted: list[tuple[str, int, Predictions]]) -> str:
 
 
 def _copy_predictions(
-    conn, table: str, tenant_id, as_of, keys, x, t_x, T, m_x, result: Predictions
+    conn: psycopg.Connection, table: str, inputs: FitInputs, result: Predictions
 ) -> None:
     columns_sql = (
         "tenant_id, customer_key, as_of, frequency_x, recency_t_x_days, age_t_days,"
@@ -145,34 +187,24 @@ def _copy_predictions(
         " expected_purchases_3y, expected_purchases_5y, clv_1y, clv_3y, clv_5y, model"
     )
     purchases, value = result.expected_purchases, result.clv
-    # Whole columns to Python values at once (tolist runs in C), not numpy indexing per value.
-    whole_days = [a.astype(np.int64).tolist() for a in (x, t_x, T)]
+    # Whole columns to Python values at once (tolist runs in C), not numpy indexing per
+    # value; money rounded to cents the same way, for the numeric(18, 2) columns.
+    whole_days = [a.astype(np.int64).tolist() for a in (inputs.x, inputs.t_x, inputs.T)]
     fractions = [result.p_alive, result.p_no_purchase_90d, *(purchases[m] for m in HORIZON_MONTHS)]
-    money = [m_x, *(value[m] for m in HORIZON_MONTHS)]
+    money = [inputs.m_x, *(value[m] for m in HORIZON_MONTHS)]
     columns = zip(
-        keys,
+        inputs.keys,
         *whole_days,
         *(a.tolist() for a in fractions),
-        *([round(v, 2) for v in a.tolist()] for a in money),
+        *(np.round(a, 2).tolist() for a in money),
         strict=True,
     )
+    tenant_id, as_of, model = inputs.tenant_id, inputs.as_of, result.model
     with conn.cursor().copy(f"COPY {table} ({columns_sql}) FROM STDIN") as copy:
         for key, x_i, t_x_i, T_i, *estimates, spend, clv_1y, clv_3y, clv_5y in columns:
             copy.write_row(
-                (
-                    tenant_id,
-                    key,
-                    as_of,
-                    x_i,
-                    t_x_i,
-                    T_i,
-                    spend,
-                    *estimates,
-                    clv_1y,
-                    clv_3y,
-                    clv_5y,
-                    result.model,
-                )
+                (tenant_id, key, as_of, x_i, t_x_i, T_i, spend, *estimates)
+                + (clv_1y, clv_3y, clv_5y, model)
             )
 
 

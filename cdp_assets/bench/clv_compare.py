@@ -16,15 +16,15 @@ import numpy as np
 import psycopg
 
 from cdp_assets.analytics import clv
-from cdp_assets.analytics.prediction_assets import SUMMARY_SQL
+from cdp_assets.analytics.prediction_assets import SUMMARY_MODEL, read_fit_inputs
 
 BGNBD = ("r", "alpha", "a", "b")
 GAMMA_GAMMA = ("p", "q", "gamma")
 
 
 def _summary(conn: psycopg.Connection, tenant_id: str) -> tuple[np.ndarray, ...]:
-    rows = conn.execute(SUMMARY_SQL, (tenant_id,)).fetchall()
-    return tuple(np.array([r[i] or 0 for r in rows], dtype=float) for i in range(1, 5))
+    (inputs,) = read_fit_inputs(conn, SUMMARY_MODEL, [tenant_id])
+    return inputs.x, inputs.t_x, inputs.T, inputs.m_x
 
 
 # Each fit is timed this many times and the fastest kept: the machine may be shared.
