@@ -88,6 +88,26 @@ def test_sandbox_rate_and_run_breakdown_are_reported(small):
     assert "dbt_tenant_scoring" in stages["increment"]["step_seconds"]
 
 
+def test_the_largest_tenants_refresh_alone_is_timed_apart(small):
+    report, folder = small
+    analytics = report["stages"]["analytics"]
+    single = analytics["largest_tenant_refresh"]
+    assert single["runs"] == 1 and single["seconds"] > 0
+    assert set(single["step_seconds"]) == {
+        "dbt_tenant_models",
+        "customer_predictions",
+        "dbt_tenant_scoring",
+    }
+    per_tenant = {
+        row["tenant_id"]: row["customers"] for row in analytics["clv_vs_lifetimes"]["tenants"]
+    }
+    assert single["customers"] == max(per_tenant.values()) == per_tenant[single["tenant_id"]]
+    assert (
+        f"The largest tenant's refresh alone ({single['tenant_id']}"
+        in (folder / "summary.md").read_text()
+    )
+
+
 def test_clv_fit_is_compared_with_lifetimes_on_each_tenant(small):
     clv = small[0]["stages"]["analytics"]["clv_vs_lifetimes"]
     assert len(clv["tenants"]) == SMALL.tenants
