@@ -300,8 +300,7 @@ def _details_section(report: dict[str, Any]) -> list[str]:
             "",
             f"**Analytics**: {analytics['runs']} runs; inside steps: {steps}; outside steps"
             f" {_n(analytics['outside_steps_seconds'])} s. Predictions by model:"
-            f" {analytics['prediction_rows_by_model']}.{_holdout_sentence(analytics)}"
-            f"{_single_tenant_sentence(analytics)}",
+            f" {analytics['prediction_rows_by_model']}.{_runs_after_analytics(analytics)}",
             "",
             f"**CLV fit vs lifetimes 0.11.3** on {clv['tenants_compared']} tenants:"
             f" ours {clv['ours_seconds']:.2f} s, lifetimes {clv['lifetimes_seconds']:.2f} s"
@@ -349,29 +348,31 @@ def _details_section(report: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _single_tenant_sentence(analytics: dict[str, Any]) -> str:
-    single = analytics.get("largest_tenant_refresh")
-    if not single:
-        return ""
-    steps = ", ".join(f"{k} {_n(v)} s" for k, v in single["step_seconds"].items())
-    return (
-        f" The largest tenant's refresh alone ({single['tenant_id']},"
-        f" {_n(single['customers'])} customers; job `analytics_tenant_refresh` for its"
-        f" partition, its data unchanged since the build), after the stage:"
-        f" {_n(single['seconds'])} s ({steps})."
-    )
+# Runs timed after the analytics stage, apart from its time: their details' key, and what ran
+# (formatted with those details).
+RUNS_AFTER_ANALYTICS = (
+    (
+        "churn_holdout",
+        "The weekly churn holdout (job `churn_holdout_refresh`, which validates the churn bands"
+        " and which no audience waits for) ran after the stage, apart from its time",
+    ),
+    (
+        "largest_tenant_refresh",
+        "The largest tenant's refresh alone ({tenant_id}, {customers:,} customers; job"
+        " `analytics_tenant_refresh` for its partition, its data unchanged since the build),"
+        " after the stage",
+    ),
+)
 
 
-def _holdout_sentence(analytics: dict[str, Any]) -> str:
-    holdout = analytics.get("churn_holdout")
-    if not holdout:
-        return ""
-    steps = ", ".join(f"{k} {_n(v)} s" for k, v in holdout["step_seconds"].items())
-    return (
-        f" The weekly churn holdout (job `churn_holdout_refresh`, which validates the churn"
-        f" bands and which no audience waits for) ran after the stage, apart from its time:"
-        f" {_n(holdout['seconds'])} s ({steps})."
-    )
+def _runs_after_analytics(analytics: dict[str, Any]) -> str:
+    sentences = []
+    for key, what in RUNS_AFTER_ANALYTICS:
+        run = analytics.get(key)
+        if run:
+            steps = ", ".join(f"{k} {_n(v)} s" for k, v in run["step_seconds"].items())
+            sentences.append(f" {what.format(**run)}: {_n(run['seconds'])} s ({steps}).")
+    return "".join(sentences)
 
 
 def _clv_table(rows: list[dict[str, Any]]) -> list[str]:
