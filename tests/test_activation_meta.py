@@ -157,6 +157,30 @@ def test_first_push_then_unchanged_push(instance, url, sandbox) -> None:
     assert all(r["dagster_run_id"] for r in history)
 
 
+def analyzed(result: dg.ExecuteInProcessResult) -> bool:
+    (event,) = result.get_asset_materialization_events()
+    return event.materialization.metadata["sync_state_analyzed"].value
+
+
+def test_a_push_that_changes_a_tenth_of_the_state_refreshes_its_statistics(
+    instance, url, sandbox
+) -> None:
+    """The next sync plans on them whether or not autovacuum has come by."""
+    setup(url, "meta_stats", 3000, range(2000))
+    first = push(instance, url, sandbox, "meta_stats")
+    assert outcome(first)["added"] == 1800
+    assert analyzed(first)
+    with psycopg.connect(url) as conn:
+        (estimate,) = conn.execute(
+            "SELECT reltuples FROM pg_class WHERE oid = 'cdp.destination_members'::regclass"
+        ).fetchone()
+        (count,) = conn.execute("SELECT count(*) FROM cdp.destination_members").fetchone()
+    assert estimate == count
+    unchanged = push(instance, url, sandbox, "meta_stats")
+    assert outcome(unchanged)["unchanged"] == 1800
+    assert not analyzed(unchanged)
+
+
 def test_partial_change_sends_only_the_difference(instance, url, sandbox) -> None:
     setup(url, "meta_partial", 400, range(200))
     assert push(instance, url, sandbox, "meta_partial").success

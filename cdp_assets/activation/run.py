@@ -34,6 +34,7 @@ from cdp_assets.activation.sync import (
     SyncOptions,
     SyncOutcome,
     record_failure,
+    refresh_state_statistics,
     sync_audience,
 )
 from cdp_assets.lib.warehouse import WarehouseResource
@@ -205,6 +206,8 @@ def activate(
         while not idle.empty():
             for connection in idle.get_nowait():
                 connection.close()
+    with connect() as conn:
+        analyzed = refresh_state_statistics(conn, sum(o.added + o.removed for o in outcomes))
     for outcome in outcomes:
         where = f"{outcome.destination_id}/{outcome.audience}"
         if outcome.status == "failed":
@@ -217,6 +220,7 @@ def activate(
     for line in tenant_summaries(outcomes, tenant_of):
         context.log.info(line)
     metadata = activation_metadata(outcomes, tenant_of)
+    metadata["sync_state_analyzed"] = dg.MetadataValue.bool(analyzed)
     failed = [f"{o.destination_id}/{o.audience}" for o in outcomes if o.status == "failed"]
     if failed:
         # The platforms already retried transient errors with backoff inside this run, and
