@@ -38,6 +38,7 @@ def test_every_stage_reports_time_rate_memory_and_size(small):
         assert stage["peak_rss_mb"] > 0 and stage["peak_rss_exact"], name
         if name != "write_path":  # the only stage that runs no Dagster run
             assert stage["child_peak_rss_mb"] > 0, name
+            assert stage["child_peak_process"] in ("run worker", "dbt build"), name
         assert stage["sandbox_peak_rss_mb"] > 0, name  # measured apart from ours
         assert stage["database_size_mb"] > 0, name
     assert report["environment"]["cpus"] and report["environment"]["postgres_version"]

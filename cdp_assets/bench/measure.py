@@ -65,6 +65,7 @@ class ChildPeak:
     def __init__(self, interval: float = 0.25) -> None:
         self.interval = interval
         self.peak_mb = 0.0
+        self.peak_process = ""  # which process reached peak_mb (process_label)
         self.sandbox_peak_mb = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="bench-child-rss", daemon=True)
@@ -97,8 +98,22 @@ class ChildPeak:
                 peak = int(match.group(1)) / 1024
                 if b"cdp_assets.sandbox" in command:
                     self.sandbox_peak_mb = max(self.sandbox_peak_mb, peak)
-                else:
-                    self.peak_mb = max(self.peak_mb, peak)
+                elif peak > self.peak_mb:
+                    self.peak_mb, self.peak_process = peak, process_label(command)
+
+
+def process_label(command: bytes) -> str:
+    """What a descendant is, from its NUL-separated command line: a dbt command, or a run
+    worker (a Python interpreter started by multiprocessing), or the program's name."""
+    argv = [part.decode(errors="replace") for part in command.split(b"\0") if part]
+    if not argv:
+        return "?"
+    program = Path(argv[0]).name
+    if program == "dbt" or (len(argv) > 1 and Path(argv[1]).name == "dbt"):
+        return " ".join(["dbt", *[a for a in argv[1:3] if not a.startswith("-")][-1:]])
+    if any("multiprocessing" in part for part in argv):
+        return "run worker"
+    return program
 
 
 def _descendants(root: int) -> list[int]:
@@ -139,6 +154,7 @@ class StageResult:
     peak_rss_mb: float = 0.0
     peak_rss_exact: bool = True  # False: the lifetime peak, the stage's could not be isolated
     child_peak_rss_mb: float = 0.0
+    child_peak_process: str = ""
     sandbox_peak_rss_mb: float = 0.0
     database_size_mb: float = 0.0
     details: dict[str, Any] = field(default_factory=dict)
@@ -157,6 +173,7 @@ class StageResult:
             "peak_rss_mb": round(self.peak_rss_mb, 1),
             "peak_rss_exact": self.peak_rss_exact,
             "child_peak_rss_mb": round(self.child_peak_rss_mb, 1),
+            "child_peak_process": self.child_peak_process,
             "sandbox_peak_rss_mb": round(self.sandbox_peak_rss_mb, 1),
             "database_size_mb": round(self.database_size_mb, 1),
             **self.details,
@@ -175,6 +192,7 @@ def stage(name: str, database_url: str) -> Iterator[StageResult]:
     result.wall_seconds = time.perf_counter() - started
     result.peak_rss_mb = peak_rss_mb()
     result.child_peak_rss_mb = children.peak_mb
+    result.child_peak_process = children.peak_process
     result.sandbox_peak_rss_mb = children.sandbox_peak_mb
     result.database_size_mb = database_size_mb(database_url)
 

@@ -188,6 +188,12 @@ def write_report(report: dict[str, Any], folder: Path, suffix: str = "") -> list
 # --- Markdown -----------------------------------------------------------------------------------
 
 
+def _which(stage: dict) -> str:
+    """Which process reached the stage's child peak, where the report says."""
+    process = stage.get("child_peak_process")
+    return f" ({process})" if process else ""
+
+
 def _n(value: float | None, digits: int = 1) -> str:
     if value is None:
         return "-"
@@ -224,7 +230,8 @@ def stage_rows(report: dict[str, Any]) -> list[str]:
         rows.append(
             f"| {title} | {_n(stage['wall_seconds'])} | {_n(stage['records'])}"
             f" {stage['records_label']} | {_n(rate, 0)} | {_n(stage['peak_rss_mb'])}"
-            f" | {_n(stage['child_peak_rss_mb'])} | {_n(stage.get('sandbox_peak_rss_mb'))}"
+            f" | {_n(stage['child_peak_rss_mb'])}{_which(stage)}"
+            f" | {_n(stage.get('sandbox_peak_rss_mb'))}"
             f" | {_n(stage['database_size_mb'])} |"
         )
     return rows
