@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from urllib.parse import urlencode
 
 import dagster as dg
 import psycopg
@@ -29,6 +30,7 @@ from cdp_assets.activation.identifiers import (
 )
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.meta.assets import meta_custom_audiences
+from cdp_assets.meta.audiences import FORM_PIECE, form_encode
 from cdp_assets.meta.resources import MetaResource
 from cdp_assets.partitions import RANGE_END_TAG, RANGE_START_TAG, tenants
 from cdp_assets.sandbox.meta_graph import MetaSandbox
@@ -155,6 +157,15 @@ def test_first_push_then_unchanged_push(instance, url, sandbox) -> None:
         ("synced", 0, 225),
     ]
     assert all(r["dagster_run_id"] for r in history)
+
+
+def test_form_bodies_are_what_requests_would_send() -> None:
+    """Encoded in pieces, a batch's body is still the text urlencode gives, byte for byte,
+    with multi-byte characters on every side of the pieces' edges."""
+    text = "".join(f"ç€😀&=+ {i}" for i in range(3 * FORM_PIECE // 10))
+    assert len(text) > 2 * FORM_PIECE
+    fields = {"payload": json.dumps({"data": [[text]]}), "batch_seq": 3, "flag": True, "é": ""}
+    assert form_encode(fields) == urlencode(fields, doseq=True)
 
 
 def analyzed(result: dg.ExecuteInProcessResult) -> bool:
