@@ -42,6 +42,7 @@ def test_every_stage_reports_time_rate_memory_and_size(small):
         assert stage["sandbox_peak_rss_mb"] > 0, name  # measured apart from ours
         assert stage["database_size_mb"] > 0, name
     assert report["environment"]["cpus"] and report["environment"]["postgres_version"]
+    assert report["environment"]["postgres_settings"]["autovacuum"] in ("on", "off")
     assert report["environment"]["run_workers"] >= 1
     assert report["workload"]["tenants"] == SMALL.tenants
 

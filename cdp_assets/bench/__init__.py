@@ -35,9 +35,18 @@ def _load_average() -> str:
     return " / ".join(f"{value:.2f}" for value in os.getloadavg())
 
 
+# Server settings that move the numbers: with autovacuum off, nothing but the platform's own
+# VACUUM and ANALYZE keeps tables and statistics fresh between stages.
+POSTGRES_SETTINGS = ("autovacuum", "shared_buffers", "work_mem", "fsync", "synchronous_commit")
+
+
 def _environment(url: str) -> dict[str, Any]:
     with psycopg.connect(url) as conn:
         (server_version,) = conn.execute("SHOW server_version").fetchone()
+        settings = {
+            name: conn.execute("SELECT current_setting(%s)", (name,)).fetchone()[0]
+            for name in POSTGRES_SETTINGS
+        }
     return {
         "python": platform.python_version(),
         "platform": platform.platform(),
@@ -45,6 +54,7 @@ def _environment(url: str) -> dict[str, Any]:
         "run_workers": RUN_WORKERS,
         "load_average_start": _load_average(),
         "postgres_version": server_version,
+        "postgres_settings": settings,
         "connection": describe_connection(url),
         "dagster": version("dagster"),
         "dbt": version("dbt-core"),

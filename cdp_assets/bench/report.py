@@ -188,6 +188,11 @@ def write_report(report: dict[str, Any], folder: Path, suffix: str = "") -> list
 # --- Markdown -----------------------------------------------------------------------------------
 
 
+def _settings(env: dict) -> str:
+    settings = env.get("postgres_settings")
+    return f" ({', '.join(f'{k} {v}' for k, v in settings.items())})" if settings else ""
+
+
 def _which(stage: dict) -> str:
     """Which process reached the stage's child peak, where the report says."""
     process = stage.get("child_peak_process")
@@ -426,8 +431,8 @@ def render_scale(report: dict[str, Any]) -> list[str]:
         f" that many at a time, each in a worker process), load average"
         f" {env['load_average_start']} at the start and"
         f" {env['load_average_end']} at the end; PostgreSQL {env['postgres_version']} over"
-        f" {env['connection']}; Python {env['python']}, Dagster {env['dagster']}, dbt"
-        f" {env['dbt']}.",
+        f" {env['connection']}{_settings(env)}; Python {env['python']},"
+        f" Dagster {env['dagster']}, dbt {env['dbt']}.",
         "",
         (
             "The whole seed history would not fit the time available on this machine: the"
