@@ -252,16 +252,19 @@ def record_failure(
 
 def refresh_state_statistics(conn: psycopg.Connection, changed: int) -> bool:
     """ANALYZE the sync state when a run changed more of it than autovacuum would let pass
-    (50 rows and a tenth of the table: its own analyze threshold); returns whether it did.
+    (the server's analyze threshold and scale factor: 50 rows and a tenth of the table by
+    default); returns whether it did.
 
     The next sync plans its read of the confirmed members on these statistics: planned
     against a table it believes near empty, a re-sync of 650,000 members ran a nested loop
     over the audience for every confirmed member (stopped after 28 minutes) instead of an
     index lookup per member (seconds). Autovacuum may be late, or off."""
-    (tuples,) = conn.execute(
-        "SELECT reltuples FROM pg_class WHERE oid = 'cdp.destination_members'::regclass"
+    (threshold,) = conn.execute(
+        "SELECT current_setting('autovacuum_analyze_threshold')::float8"
+        " + current_setting('autovacuum_analyze_scale_factor')::float8 * greatest(reltuples, 0)"
+        " FROM pg_class WHERE oid = 'cdp.destination_members'::regclass"
     ).fetchone()
-    if changed <= 50 + 0.1 * max(tuples, 0):
+    if changed <= threshold:
         return False
     conn.execute("ANALYZE cdp.destination_members")
     conn.commit()

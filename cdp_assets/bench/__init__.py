@@ -42,11 +42,13 @@ POSTGRES_SETTINGS = ("autovacuum", "shared_buffers", "work_mem", "fsync", "synch
 
 def _environment(url: str) -> dict[str, Any]:
     with psycopg.connect(url) as conn:
-        (server_version,) = conn.execute("SHOW server_version").fetchone()
-        settings = {
-            name: conn.execute("SELECT current_setting(%s)", (name,)).fetchone()[0]
-            for name in POSTGRES_SETTINGS
-        }
+        settings = dict(
+            conn.execute(
+                "SELECT name, current_setting(name) FROM unnest(%s::text[]) AS name",
+                (["server_version", *POSTGRES_SETTINGS],),
+            ).fetchall()
+        )
+    server_version = settings.pop("server_version")
     return {
         "python": platform.python_version(),
         "platform": platform.platform(),

@@ -108,12 +108,13 @@ def process_label(command: bytes) -> str:
     argv = [part.decode(errors="replace") for part in command.split(b"\0") if part]
     if not argv:
         return "?"
-    program = Path(argv[0]).name
-    if program == "dbt" or (len(argv) > 1 and Path(argv[1]).name == "dbt"):
-        return " ".join(["dbt", *[a for a in argv[1:3] if not a.startswith("-")][-1:]])
+    # dbt runs as its own script (`dbt build ...`) or under the interpreter (`python dbt ...`).
+    for position, part in enumerate(argv[:2]):
+        if Path(part).name == "dbt":
+            return " ".join(["dbt", *argv[position + 1 : position + 2]])
     if any("multiprocessing" in part for part in argv):
         return "run worker"
-    return program
+    return Path(argv[0]).name
 
 
 def _descendants(root: int) -> list[int]:
