@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from cdp_assets.analytics.dbt_project import DBT_PROJECT_DIR
 from cdp_assets.bench import SCALES, run_bench
 
 # About two minutes on an idle 2-core machine; the first test also pays for the module's run.
@@ -20,6 +21,7 @@ pytestmark = pytest.mark.timeout(900)
 
 STAGES = ("write_path", "ingestion", "analytics", "activation", "increment")
 SMALL = SCALES["small"]
+DBT_MODELS = {path.stem for path in (DBT_PROJECT_DIR / "models").rglob("*.sql")}
 
 
 @pytest.fixture(scope="module")
@@ -88,6 +90,24 @@ def test_sandbox_rate_and_run_breakdown_are_reported(small):
     assert not holdout & set(stages["analytics"]["step_seconds"])
     assert not holdout & set(stages["increment"]["step_seconds"])
     assert "dbt_tenant_scoring" in stages["increment"]["step_seconds"]
+
+
+def test_dbt_models_and_tests_are_timed_where_dbt_runs(small):
+    report, folder = small
+    stages = report["stages"]
+    for name in ("analytics", "increment"):
+        dbt = stages[name]["dbt"]
+        assert dbt["model_seconds"] > 0 and dbt["test_seconds"] > 0, name
+        slowest = dbt["slowest"]
+        assert [n["seconds"] for n in slowest] == sorted(
+            (n["seconds"] for n in slowest), reverse=True
+        )
+        assert {n["kind"] for n in slowest} <= {"model", "test"}
+        assert dbt["model_seconds"] + dbt["test_seconds"] >= sum(n["seconds"] for n in slowest)
+        models = {n["node"] for n in slowest if n["kind"] == "model"}
+        assert models and models <= DBT_MODELS, name
+    assert "dbt" not in stages["ingestion"] and "dbt" not in stages["activation"]
+    assert "dbt's own run time" in (folder / "summary.md").read_text()
 
 
 def test_the_largest_tenants_refresh_alone_is_timed_apart(small):

@@ -65,6 +65,7 @@ class RunRecord:
     seconds: float
     step_seconds: dict[str, float]
     metadata: dict[str, dict[str, float]]  # asset key -> numeric materialization metadata
+    test_seconds: dict[str, float] = field(default_factory=dict)  # dbt test -> its run time
 
     def total(self, key: str, assets: Sequence[str] | None = None) -> float:
         return sum(
@@ -91,6 +92,20 @@ def _numeric_metadata(result: dg.ExecuteInProcessResult) -> dict[str, dict[str, 
     return by_asset
 
 
+# What dagster-dbt records of each dbt node's own run time (model or test).
+DBT_DURATION = "Execution Duration"
+
+
+def _test_seconds(result: dg.ExecuteInProcessResult) -> dict[str, float]:
+    """The run time of each dbt test the run executed (an asset check), by check name."""
+    seconds: dict[str, float] = {}
+    for evaluation in result.get_asset_check_evaluations():
+        duration = evaluation.metadata.get(DBT_DURATION)
+        if duration is not None:
+            seconds.setdefault(evaluation.check_name, float(duration.value))
+    return seconds
+
+
 @dataclass(frozen=True)
 class RunRequest:
     job_name: str
@@ -114,9 +129,11 @@ def _worker_instance() -> dg.DagsterInstance:
     return dg.DagsterInstance.get()  # DAGSTER_HOME, set before the workers started
 
 
-def _execute(request: RunRequest) -> tuple[str, float, list[str], dict[str, dict[str, float]]]:
-    """One run in a worker: its id, wall seconds, failure messages (none when it succeeded)
-    and numeric metadata."""
+def _execute(
+    request: RunRequest,
+) -> tuple[str, float, list[str], dict[str, dict[str, float]], dict[str, float]]:
+    """One run in a worker: its id, wall seconds, failure messages (none when it succeeded),
+    numeric metadata and dbt's test timings."""
     from cdp_assets.definitions import defs
 
     started = time.perf_counter()
@@ -134,7 +151,7 @@ def _execute(request: RunRequest) -> tuple[str, float, list[str], dict[str, dict
         if result.success
         else [e.message for e in result.all_events if e.is_failure and e.message] or ["failed"]
     )
-    return result.run_id, seconds, failures, _numeric_metadata(result)
+    return result.run_id, seconds, failures, _numeric_metadata(result), _test_seconds(result)
 
 
 @dataclass
@@ -153,7 +170,7 @@ class Runner:
         outcomes = list(self.workers.map(_execute, requests))
         failed = [
             f"{request.job_name} ({request.label}) failed in run {run_id}: {' | '.join(failures)}"
-            for request, (run_id, _, failures, _) in zip(requests, outcomes, strict=True)
+            for request, (run_id, _, failures, *_) in zip(requests, outcomes, strict=True)
             if failures
         ]
         if failed:
@@ -166,8 +183,11 @@ class Runner:
                 seconds,
                 self._step_seconds(run_id),
                 metadata,
+                tests,
             )
-            for request, (run_id, seconds, _, metadata) in zip(requests, outcomes, strict=True)
+            for request, (run_id, seconds, _, metadata, tests) in zip(
+                requests, outcomes, strict=True
+            )
         ]
         self.records += records
         return records

@@ -17,7 +17,13 @@ from cdp_assets.activation.destinations import Destination, add_audience, add_de
 from cdp_assets.activation.triggers import activation_push, change_requests, changed_audiences
 from cdp_assets.analytics.jobs import ANALYTICS_JOB, AUDIENCES_JOB, CHURN_HOLDOUT_JOB
 from cdp_assets.bench import clv_compare
-from cdp_assets.bench.environment import META_TOKEN_REF, Bench, RunRecord, RunRequest
+from cdp_assets.bench.environment import (
+    DBT_DURATION,
+    META_TOKEN_REF,
+    Bench,
+    RunRecord,
+    RunRequest,
+)
 from cdp_assets.bench.measure import StageResult, Stopwatch, stage
 from cdp_assets.google.assets import google_customer_match
 from cdp_assets.meta.assets import meta_custom_audiences
@@ -73,6 +79,38 @@ def _check(name: str, expected: Any, actual: Any) -> dict[str, Any]:
     return {"check": name, "expected": expected, "actual": actual, "ok": expected == actual}
 
 
+SLOWEST_DBT_NODES = 8
+
+
+def _dbt_summary(runs: Sequence[RunRecord]) -> dict[str, Any]:
+    """dbt's own run time of its models (from their materializations) and tests (from their
+    checks) over the runs, and the slowest of them. Summed over dbt's threads: work, not
+    wall time."""
+    nodes: dict[tuple[str, str], float] = {}
+    for run in runs:
+        for asset, values in run.metadata.items():
+            if DBT_DURATION in values:
+                nodes[("model", asset)] = nodes.get(("model", asset), 0.0) + values[DBT_DURATION]
+        for test, seconds in run.test_seconds.items():
+            nodes[("test", test)] = nodes.get(("test", test), 0.0) + seconds
+    if not nodes:
+        return {}
+    totals = {
+        f"{kind}_seconds": round(sum(s for (k, _), s in nodes.items() if k == kind), 3)
+        for kind in ("model", "test")
+    }
+    slowest = sorted(nodes.items(), key=lambda item: item[1], reverse=True)[:SLOWEST_DBT_NODES]
+    return {
+        "dbt": {
+            **totals,
+            "slowest": [
+                {"kind": kind, "node": name, "seconds": round(seconds, 3)}
+                for (kind, name), seconds in slowest
+            ],
+        }
+    }
+
+
 def _runs_summary(runs: Sequence[RunRecord]) -> dict[str, Any]:
     """Time inside steps per step key, and the rest of the runs' wall time (Dagster's own
     work: run and event storage, resource setup, process-level bookkeeping)."""
@@ -86,6 +124,7 @@ def _runs_summary(runs: Sequence[RunRecord]) -> dict[str, Any]:
         "run_seconds": round(run_seconds, 3),
         "step_seconds": {step: round(value, 3) for step, value in sorted(steps.items())},
         "outside_steps_seconds": round(run_seconds - sum(steps.values()), 3),
+        **_dbt_summary(runs),
     }
 
 

@@ -312,7 +312,8 @@ def _details_section(report: dict[str, Any]) -> list[str]:
             "",
             f"**Analytics**: {analytics['runs']} runs; inside steps: {steps}; outside steps"
             f" {_n(analytics['outside_steps_seconds'])} s. Predictions by model:"
-            f" {analytics['prediction_rows_by_model']}.{_runs_after_analytics(analytics)}",
+            f" {analytics['prediction_rows_by_model']}.{_dbt_sentence(analytics)}"
+            f"{_runs_after_analytics(analytics)}",
             "",
             f"**CLV fit vs lifetimes 0.11.3** on {clv['tenants_compared']} tenants:"
             f" ours {clv['ours_seconds']:.2f} s, lifetimes {clv['lifetimes_seconds']:.2f} s"
@@ -355,9 +356,25 @@ def _details_section(report: dict[str, Any]) -> list[str]:
             " created in the 48-hour window the List sync re-reads and"
             f" {_n(increment['changed_orders_updated'])} reached the warehouse; the sandbox"
             " changes orders of any age, and older ones travel by the orders feed (not part of"
-            " this stage), since VTEX lists orders by creation date.",
+            " this stage), since VTEX lists orders by creation date." + _dbt_sentence(increment),
         ]
     return lines
+
+
+def _dbt_sentence(stage: dict[str, Any]) -> str:
+    """dbt's own run time of the stage's models and tests, and the slowest of them."""
+    dbt = stage.get("dbt")
+    if not dbt:
+        return ""
+    slowest = ", ".join(
+        f"{'test ' if node['kind'] == 'test' else ''}{node['node']} {_n(node['seconds'], 2)} s"
+        for node in dbt["slowest"]
+    )
+    return (
+        f" dbt's own run time, summed over its threads (work, not wall time): models"
+        f" {_n(dbt['model_seconds'])} s, tests {_n(dbt['test_seconds'])} s; the slowest:"
+        f" {slowest}."
+    )
 
 
 # Runs timed after the analytics stage, apart from its time: their details' key, and what ran
