@@ -13,8 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from cdp_assets.activation.triggers import activation_push
 from cdp_assets.analytics.dbt_project import DBT_PROJECT_DIR
+from cdp_assets.analytics.jobs import ANALYTICS_JOB, AUDIENCES_JOB
 from cdp_assets.bench import SCALES, run_bench
+from cdp_assets.vtex.jobs import ORDERS_SYNC_JOB
 
 # About two minutes on an idle 2-core machine; the first test also pays for the module's run.
 pytestmark = pytest.mark.timeout(900)
@@ -90,6 +93,24 @@ def test_sandbox_rate_and_run_breakdown_are_reported(small):
     assert not holdout & set(stages["analytics"]["step_seconds"])
     assert not holdout & set(stages["increment"]["step_seconds"])
     assert "dbt_tenant_scoring" in stages["increment"]["step_seconds"]
+
+
+def test_each_stage_names_the_run_that_raised_its_worker_highest(small):
+    report, folder = small
+    stages = report["stages"]
+    assert "largest_run_peak" not in stages["write_path"]  # no Dagster run
+    for name in STAGES[1:]:
+        peak = stages[name]["largest_run_peak"]
+        assert 0 < peak["rss_start_mb"] <= peak["peak_rss_mb"], name
+        # The worker's own high-water mark is among what the stage's sampling saw.
+        assert peak["peak_rss_mb"] <= stages[name]["child_peak_rss_mb"] + 1, name
+    assert stages["increment"]["largest_run_peak"]["job"] in {
+        ORDERS_SYNC_JOB,
+        ANALYTICS_JOB,
+        AUDIENCES_JOB,
+        activation_push.name,
+    }
+    assert "The run that raised its run worker highest" in (folder / "summary.md").read_text()
 
 
 def test_dbt_models_and_tests_are_timed_where_dbt_runs(small):

@@ -28,6 +28,7 @@ from pathlib import Path
 import dagster as dg
 import psycopg
 
+from cdp_assets.bench.measure import peak_rss_mb, rss_mb
 from cdp_assets.bench.scales import Scale, history_end_today
 from cdp_assets.lib.dagster_home import apply_pool_limits
 from cdp_assets.lib.database import database_url, sqlalchemy_url, with_database
@@ -55,17 +56,43 @@ class BenchError(RuntimeError):
     pass
 
 
+@dataclass(frozen=True)
+class RunOutcome:
+    """What a run worker reports of one run. Memory is the worker's: its RSS when the run
+    started (what earlier runs left it holding), and its high-water mark (reset when the
+    stage started) before and after the run: a run that raised it set the worker's peak."""
+
+    run_id: str
+    seconds: float
+    failures: list[str]  # none when the run succeeded
+    metadata: dict[str, dict[str, float]]  # asset key -> numeric materialization metadata
+    test_seconds: dict[str, float]  # dbt test -> its run time
+    rss_start_mb: float
+    peak_before_mb: float
+    peak_after_mb: float
+
+
 @dataclass
 class RunRecord:
-    """One Dagster run: its wall time, the time inside its steps, and numeric metadata."""
+    """One Dagster run: its wall time, the time inside its steps, numeric metadata and the
+    run worker's memory."""
 
     job: str
     label: str
-    run_id: str
-    seconds: float
     step_seconds: dict[str, float]
-    metadata: dict[str, dict[str, float]]  # asset key -> numeric materialization metadata
-    test_seconds: dict[str, float] = field(default_factory=dict)  # dbt test -> its run time
+    outcome: RunOutcome
+
+    @property
+    def run_id(self) -> str:
+        return self.outcome.run_id
+
+    @property
+    def seconds(self) -> float:
+        return self.outcome.seconds
+
+    @property
+    def metadata(self) -> dict[str, dict[str, float]]:
+        return self.outcome.metadata
 
     def total(self, key: str, assets: Sequence[str] | None = None) -> float:
         return sum(
@@ -129,13 +156,11 @@ def _worker_instance() -> dg.DagsterInstance:
     return dg.DagsterInstance.get()  # DAGSTER_HOME, set before the workers started
 
 
-def _execute(
-    request: RunRequest,
-) -> tuple[str, float, list[str], dict[str, dict[str, float]], dict[str, float]]:
-    """One run in a worker: its id, wall seconds, failure messages (none when it succeeded),
-    numeric metadata and dbt's test timings."""
+def _execute(request: RunRequest) -> RunOutcome:
+    """One run in a worker, and the worker's memory around it."""
     from cdp_assets.definitions import defs
 
+    rss_start, peak_before = rss_mb(), peak_rss_mb()
     started = time.perf_counter()
     result = defs.resolve_job_def(request.job_name).execute_in_process(
         instance=_worker_instance(),
@@ -151,7 +176,16 @@ def _execute(
         if result.success
         else [e.message for e in result.all_events if e.is_failure and e.message] or ["failed"]
     )
-    return result.run_id, seconds, failures, _numeric_metadata(result), _test_seconds(result)
+    return RunOutcome(
+        result.run_id,
+        seconds,
+        failures,
+        _numeric_metadata(result),
+        _test_seconds(result),
+        rss_start,
+        peak_before,
+        peak_rss_mb(),
+    )
 
 
 @dataclass
@@ -169,25 +203,16 @@ class Runner:
         """The runs, RUN_WORKERS at a time, in the order given (put the longest first)."""
         outcomes = list(self.workers.map(_execute, requests))
         failed = [
-            f"{request.job_name} ({request.label}) failed in run {run_id}: {' | '.join(failures)}"
-            for request, (run_id, _, failures, *_) in zip(requests, outcomes, strict=True)
-            if failures
+            f"{request.job_name} ({request.label}) failed in run {outcome.run_id}:"
+            f" {' | '.join(outcome.failures)}"
+            for request, outcome in zip(requests, outcomes, strict=True)
+            if outcome.failures
         ]
         if failed:
             raise BenchError("; ".join(failed)[:3000])
         records = [
-            RunRecord(
-                request.job_name,
-                request.label,
-                run_id,
-                seconds,
-                self._step_seconds(run_id),
-                metadata,
-                tests,
-            )
-            for request, (run_id, seconds, _, metadata, tests) in zip(
-                requests, outcomes, strict=True
-            )
+            RunRecord(request.job_name, request.label, self._step_seconds(o.run_id), o)
+            for request, o in zip(requests, outcomes, strict=True)
         ]
         self.records += records
         return records

@@ -80,26 +80,30 @@ class ChildPeak:
     def __exit__(self, *exc_info: object) -> None:
         self._stop.set()
         self._thread.join()
+        self._sample()  # what grew since the last tick
 
     def _watch(self) -> None:
-        own_command = Path("/proc/self/cmdline").read_bytes()
         while not self._stop.wait(self.interval):
-            for pid in _descendants(os.getpid()):
-                try:
-                    status = Path(f"/proc/{pid}/status").read_text()
-                    command = Path(f"/proc/{pid}/cmdline").read_bytes()
-                except OSError:  # it exited meanwhile
-                    continue
-                # A child caught between fork and exec still maps this process's pages
-                # (seen: a 659 MB "child" during activation, which runs no dbt).
-                match = re.search(r"^VmHWM:\s+(\d+) kB", status, re.MULTILINE)
-                if not match or command == own_command:
-                    continue
-                peak = int(match.group(1)) / 1024
-                if b"cdp_assets.sandbox" in command:
-                    self.sandbox_peak_mb = max(self.sandbox_peak_mb, peak)
-                elif peak > self.peak_mb:
-                    self.peak_mb, self.peak_process = peak, process_label(command)
+            self._sample()
+
+    def _sample(self) -> None:
+        own_command = Path("/proc/self/cmdline").read_bytes()
+        for pid in _descendants(os.getpid()):
+            try:
+                status = Path(f"/proc/{pid}/status").read_text()
+                command = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:  # it exited meanwhile
+                continue
+            # A child caught between fork and exec still maps this process's pages
+            # (seen: a 659 MB "child" during activation, which runs no dbt).
+            match = re.search(r"^VmHWM:\s+(\d+) kB", status, re.MULTILINE)
+            if not match or command == own_command:
+                continue
+            peak = int(match.group(1)) / 1024
+            if b"cdp_assets.sandbox" in command:
+                self.sandbox_peak_mb = max(self.sandbox_peak_mb, peak)
+            elif peak > self.peak_mb:
+                self.peak_mb, self.peak_process = peak, process_label(command)
 
 
 def process_label(command: bytes) -> str:

@@ -91,7 +91,7 @@ def _dbt_summary(runs: Sequence[RunRecord]) -> dict[str, Any]:
         for asset, values in run.metadata.items():
             if DBT_DURATION in values:
                 nodes[("model", asset)] = nodes.get(("model", asset), 0.0) + values[DBT_DURATION]
-        for test, seconds in run.test_seconds.items():
+        for test, seconds in run.outcome.test_seconds.items():
             nodes[("test", test)] = nodes.get(("test", test), 0.0) + seconds
     if not nodes:
         return {}
@@ -107,6 +107,24 @@ def _dbt_summary(runs: Sequence[RunRecord]) -> dict[str, Any]:
                 {"kind": kind, "node": name, "seconds": round(seconds, 3)}
                 for (kind, name), seconds in slowest
             ],
+        }
+    }
+
+
+def largest_run_peak(runs: Sequence[RunRecord]) -> dict[str, Any]:
+    """The run that raised a run worker's high-water mark highest. Workers are long-lived: a
+    run starts with what earlier runs left its worker holding, so its start RSS says how much
+    of the peak was its own."""
+    raised = [run for run in runs if run.outcome.peak_after_mb > run.outcome.peak_before_mb]
+    if not raised:
+        return {}
+    largest = max(raised, key=lambda run: run.outcome.peak_after_mb)
+    return {
+        "largest_run_peak": {
+            "job": largest.job,
+            "label": largest.label,
+            "rss_start_mb": round(largest.outcome.rss_start_mb, 1),
+            "peak_rss_mb": round(largest.outcome.peak_after_mb, 1),
         }
     }
 

@@ -242,6 +242,25 @@ def stage_rows(report: dict[str, Any]) -> list[str]:
     return rows
 
 
+def _run_peaks(report: dict[str, Any]) -> list[str]:
+    """Per stage, the run that raised its run worker highest, and the worker's RSS when that
+    run started (what earlier runs left it holding)."""
+    peaks = [
+        f"{name.replace('_', ' ')}: {peak['job']} ({peak['label']}),"
+        f" {_n(peak['rss_start_mb'])} -> {_n(peak['peak_rss_mb'])} MB"
+        for name, stage in report["stages"].items()
+        if (peak := stage.get("largest_run_peak"))
+    ]
+    if not peaks:
+        return []
+    return [
+        "",
+        "The run that raised its run worker highest in each stage, from the worker's RSS when"
+        " the run started (run workers are long-lived: what earlier runs left them holding)"
+        " to its peak: " + "; ".join(peaks) + ".",
+    ]
+
+
 def _targets_section(report: dict[str, Any]) -> list[str]:
     lines = ["| target | value | limit | verdict |", "|---|---:|---:|---|"]
     for row in report["targets"]:
@@ -469,6 +488,7 @@ def render_scale(report: dict[str, Any]) -> list[str]:
         f"![{report['scale']} benchmark chart]({report['scale']}.svg)",
         "",
         *stage_rows(report),
+        *_run_peaks(report),
         "",
         "Targets:",
         "",
