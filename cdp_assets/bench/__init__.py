@@ -20,13 +20,7 @@ from typing import Any
 import psycopg
 
 from cdp_assets.bench.environment import RUN_WORKERS, open_bench
-from cdp_assets.bench.pipeline import (
-    largest_run_peak,
-    run_activation,
-    run_analytics,
-    run_increment,
-    run_ingestion,
-)
+from cdp_assets.bench.pipeline import run_activation, run_analytics, run_increment, run_ingestion
 from cdp_assets.bench.report import consistency_checks, judge_targets, write_report
 from cdp_assets.bench.scales import SCALES, Scale
 from cdp_assets.bench.write_path import describe_connection, run_write_path
@@ -114,12 +108,8 @@ def run_bench(
         with open_bench(scale, echo, log_path, keep_database) as bench:
             environment.update(_environment(bench.url))
             for run_stage in STAGES:
-                earlier_runs = len(bench.runner.records)
                 result = run_stage(bench)
-                stages[result.name] = {
-                    **result.as_dict(),
-                    **largest_run_peak(bench.runner.records[earlier_runs:]),
-                }
+                stages[result.name] = result.as_dict()
     except BaseException as failure:
         # A long run that fails late still reports the stages it measured.
         error = f"{type(failure).__name__}: {failure}"

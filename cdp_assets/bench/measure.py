@@ -162,6 +162,7 @@ class StageResult:
     child_peak_process: str = ""
     sandbox_peak_rss_mb: float = 0.0
     database_size_mb: float = 0.0
+    largest_run_peak: dict[str, Any] = field(default_factory=dict)
     details: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -181,6 +182,7 @@ class StageResult:
             "child_peak_process": self.child_peak_process,
             "sandbox_peak_rss_mb": round(self.sandbox_peak_rss_mb, 1),
             "database_size_mb": round(self.database_size_mb, 1),
+            **({"largest_run_peak": self.largest_run_peak} if self.largest_run_peak else {}),
             **self.details,
         }
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
 
@@ -120,13 +121,21 @@ def largest_run_peak(runs: Sequence[RunRecord]) -> dict[str, Any]:
         return {}
     largest = max(raised, key=lambda run: run.outcome.peak_after_mb)
     return {
-        "largest_run_peak": {
-            "job": largest.job,
-            "label": largest.label,
-            "rss_start_mb": round(largest.outcome.rss_start_mb, 1),
-            "peak_rss_mb": round(largest.outcome.peak_after_mb, 1),
-        }
+        "job": largest.job,
+        "label": largest.label,
+        "rss_start_mb": round(largest.outcome.rss_start_mb, 1),
+        "peak_rss_mb": round(largest.outcome.peak_after_mb, 1),
     }
+
+
+@contextmanager
+def _stage(bench: Bench, name: str) -> Iterator[StageResult]:
+    """`stage`, and the run that raised a run worker highest among the runs inside it (not
+    those a stage times apart after it)."""
+    earlier = len(bench.runner.records)
+    with stage(name, bench.url) as result:
+        yield result
+    result.largest_run_peak = largest_run_peak(bench.runner.records[earlier:])
 
 
 def _runs_summary(runs: Sequence[RunRecord]) -> dict[str, Any]:
@@ -227,7 +236,7 @@ def run_ingestion(bench: Bench) -> StageResult:
     )
     last_month = order_months.get_last_partition_key()
     before = bench.sandbox.stats()
-    with stage("ingestion", bench.url) as result:
+    with _stage(bench, "ingestion") as result:
         # Largest tenants first (the scale lists them so), so the batches do not end on one.
         with watch.part("catalog_and_customers"):
             runs += bench.runner.run_all(
@@ -317,7 +326,7 @@ def run_analytics(bench: Bench) -> StageResult:
     `dbt`, so the two runs only waited on each other.)"""
     watch = Stopwatch()
     runs: list[RunRecord] = []
-    with stage("analytics", bench.url) as result:
+    with _stage(bench, "analytics") as result:
         _refresh_analytics(bench, watch, runs)
     started = time.perf_counter()
     holdout = bench.runner.run(_all_tenants_run(bench, CHURN_HOLDOUT_JOB))
@@ -469,7 +478,7 @@ def run_activation(bench: Bench) -> StageResult:
     platforms = _register_destinations(bench, chosen)
     pushes: dict[str, dict[str, Any]] = {}
     consistency = []
-    with stage("activation", bench.url) as result:
+    with _stage(bench, "activation") as result:
         for platform in platforms:
             first = _push(bench, platform)
             resync = _push(bench, platform)
@@ -534,7 +543,7 @@ def run_increment(bench: Bench) -> StageResult:
     mutate_seconds = time.perf_counter() - started
     watch = Stopwatch()
     runs: list[RunRecord] = []
-    with stage("increment", bench.url) as result:
+    with _stage(bench, "increment") as result:
         with bench.connect() as conn:
             tenant_rows = list_tenants(conn, active_only=True)
         with watch.part("orders_sync"):
