@@ -67,6 +67,7 @@ class ChildPeak:
         self.peak_mb = 0.0
         self.peak_process = ""  # which process reached peak_mb (process_label)
         self.sandbox_peak_mb = 0.0
+        self._own_command = Path("/proc/self/cmdline").read_bytes()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="bench-child-rss", daemon=True)
 
@@ -87,7 +88,6 @@ class ChildPeak:
             self._sample()
 
     def _sample(self) -> None:
-        own_command = Path("/proc/self/cmdline").read_bytes()
         for pid in _descendants(os.getpid()):
             try:
                 status = Path(f"/proc/{pid}/status").read_text()
@@ -97,7 +97,7 @@ class ChildPeak:
             # A child caught between fork and exec still maps this process's pages
             # (seen: a 659 MB "child" during activation, which runs no dbt).
             match = re.search(r"^VmHWM:\s+(\d+) kB", status, re.MULTILINE)
-            if not match or command == own_command:
+            if not match or command == self._own_command:
                 continue
             peak = int(match.group(1)) / 1024
             if b"cdp_assets.sandbox" in command:

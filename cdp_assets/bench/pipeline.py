@@ -112,7 +112,7 @@ def _dbt_summary(runs: Sequence[RunRecord]) -> dict[str, Any]:
     }
 
 
-def largest_run_peak(runs: Sequence[RunRecord]) -> dict[str, Any]:
+def _largest_run_peak(runs: Sequence[RunRecord]) -> dict[str, Any]:
     """The run that raised a run worker's high-water mark highest. Workers are long-lived: a
     run starts with what earlier runs left its worker holding, so its start RSS says how much
     of the peak was its own."""
@@ -135,7 +135,7 @@ def _stage(bench: Bench, name: str) -> Iterator[StageResult]:
     earlier = len(bench.runner.records)
     with stage(name, bench.url) as result:
         yield result
-    result.largest_run_peak = largest_run_peak(bench.runner.records[earlier:])
+    result.largest_run_peak = _largest_run_peak(bench.runner.records[earlier:])
 
 
 def _runs_summary(runs: Sequence[RunRecord]) -> dict[str, Any]:
