@@ -3,9 +3,11 @@ in its own process, the Meta and Google sandboxes in another, and the scale's te
 registered.
 
 Runs go through `execute_in_process` on that instance, as `cdp demo` does: the same jobs,
-assets, resources and run storage as production. Each run executes in a run worker process,
-RUN_WORKERS at a time, as the platform's run queue runs several at once, each in a process of
-its own; the workers load the definitions once, before any stage starts.
+assets, resources and run storage as production. Each run executes in a run worker process of
+its own, RUN_WORKERS at a time, as the platform's run queue runs several at once and its run
+launcher starts a process per run: no run inherits the memory another left behind. The
+workers are forked from a server that loaded the definitions once, before any stage started,
+so a run pays for a fork, not for importing the code location.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from cdp_assets.bench.measure import peak_rss_mb, rss_mb
 from cdp_assets.bench.scales import Scale, history_end_today
 from cdp_assets.lib.dagster_home import apply_pool_limits
 from cdp_assets.lib.database import database_url, sqlalchemy_url, with_database
+from cdp_assets.lib.executor import PRELOADED
 from cdp_assets.lib.warehouse import migrated_url
 from cdp_assets.sandbox import SandboxProcess, StoreSpec
 from cdp_assets.sandbox import credentials_for as vtex_credentials
@@ -58,9 +61,9 @@ class BenchError(RuntimeError):
 
 @dataclass(frozen=True)
 class RunOutcome:
-    """What a run worker reports of one run. Memory is the worker's: its RSS when the run
-    started (what earlier runs left it holding), and its high-water mark (reset when the
-    stage started) before and after the run: a run that raised it set the worker's peak."""
+    """What a run worker reports of its run. Memory is the worker's: its RSS when the run
+    started (what the forked definitions and the instance hold), and its high-water mark
+    when the run ended, the run's peak."""
 
     run_id: str
     seconds: float
@@ -68,8 +71,7 @@ class RunOutcome:
     metadata: dict[str, dict[str, float]]  # asset key -> numeric materialization metadata
     test_seconds: dict[str, float]  # dbt test -> its run time
     rss_start_mb: float
-    peak_before_mb: float
-    peak_after_mb: float
+    peak_mb: float
 
 
 @dataclass
@@ -142,9 +144,13 @@ class RunRequest:
     asset_selection: Sequence[dg.AssetKey] | None = None
 
 
-def _start_worker(log_path: str) -> None:
-    """A run worker: dbt's progress (printed on stdout) and Python's warnings to the bench
-    log, the definitions and the instance loaded once."""
+def _start_worker(log_path: str, environment: dict[str, str]) -> None:
+    """A run worker: this process's environment as it was when the workers started (a
+    forkserver started earlier, by another caller in this process, holds an older one),
+    dbt's progress (printed on stdout) and Python's warnings to the bench log, the instance
+    loaded."""
+    os.environ.clear()
+    os.environ.update(environment)
     sys.stdout = sys.stderr = open(log_path, "a", buffering=1)  # noqa: SIM115 (its whole life)
     _worker_instance()
 
@@ -160,7 +166,7 @@ def _execute(request: RunRequest) -> RunOutcome:
     """One run in a worker, and the worker's memory around it."""
     from cdp_assets.definitions import defs
 
-    rss_start, peak_before = rss_mb(), peak_rss_mb()
+    rss_start = rss_mb()
     started = time.perf_counter()
     result = defs.resolve_job_def(request.job_name).execute_in_process(
         instance=_worker_instance(),
@@ -183,7 +189,6 @@ def _execute(request: RunRequest) -> RunOutcome:
         _numeric_metadata(result),
         _test_seconds(result),
         rss_start,
-        peak_before,
         peak_rss_mb(),
     )
 
@@ -230,16 +235,20 @@ class Runner:
 
 
 def _run_workers(log_path: Path) -> ProcessPoolExecutor:
-    """RUN_WORKERS fresh processes (spawned, with this process's environment as it is now),
-    each with the definitions loaded, so no stage pays for starting them."""
+    """RUN_WORKERS processes at a time, each running one run and exiting, forked from a
+    server that has imported the definitions (as the platform's executor forks its steps,
+    lib/executor.py)."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload([PRELOADED])
     workers = ProcessPoolExecutor(
         RUN_WORKERS,
-        mp_context=multiprocessing.get_context("spawn"),
+        mp_context=context,
         initializer=_start_worker,
-        initargs=(str(log_path),),
+        initargs=(str(log_path), dict(os.environ)),
+        max_tasks_per_child=1,
     )
-    # One slow task per worker: each spawns and initializes a worker.
-    list(workers.map(time.sleep, [0.5] * RUN_WORKERS))
+    # The server starts with the first worker: its import is paid here, before any stage.
+    workers.submit(time.sleep, 0).result()
     return workers
 
 

@@ -113,29 +113,35 @@ def _dbt_summary(runs: Sequence[RunRecord]) -> dict[str, Any]:
 
 
 def _largest_run_peak(runs: Sequence[RunRecord]) -> dict[str, Any]:
-    """The run that raised a run worker's high-water mark highest. Workers are long-lived: a
-    run starts with what earlier runs left its worker holding, so its start RSS says how much
-    of the peak was its own."""
-    raised = [run for run in runs if run.outcome.peak_after_mb > run.outcome.peak_before_mb]
-    if not raised:
+    """The run whose worker peaked highest, with the RSS it started from (what the forked
+    definitions and the instance hold), and the range of every run's start RSS: each run has
+    a process of its own, so none starts with what another left."""
+    if not runs:
         return {}
-    largest = max(raised, key=lambda run: run.outcome.peak_after_mb)
+    largest = max(runs, key=lambda run: run.outcome.peak_mb)
+    starts = [run.outcome.rss_start_mb for run in runs]
     return {
         "job": largest.job,
         "label": largest.label,
         "rss_start_mb": round(largest.outcome.rss_start_mb, 1),
-        "peak_rss_mb": round(largest.outcome.peak_after_mb, 1),
+        "peak_rss_mb": round(largest.outcome.peak_mb, 1),
+        "runs": len(runs),
+        "start_rss_range_mb": [round(min(starts), 1), round(max(starts), 1)],
     }
 
 
 @contextmanager
 def _stage(bench: Bench, name: str) -> Iterator[StageResult]:
-    """`stage`, and the run that raised a run worker highest among the runs inside it (not
-    those a stage times apart after it)."""
+    """`stage`, and the run whose worker peaked highest among the runs inside it (not those a
+    stage times apart after it). A run worker reports its own high-water mark when its run
+    ends, exactly: one that lived less than the sampling interval may have gone unsampled."""
     earlier = len(bench.runner.records)
     with stage(name, bench.url) as result:
         yield result
-    result.largest_run_peak = _largest_run_peak(bench.runner.records[earlier:])
+    runs = bench.runner.records[earlier:]
+    result.largest_run_peak = _largest_run_peak(runs)
+    if runs and (peak := max(run.outcome.peak_mb for run in runs)) > result.child_peak_rss_mb:
+        result.child_peak_rss_mb, result.child_peak_process = peak, "run worker"
 
 
 def _runs_summary(runs: Sequence[RunRecord]) -> dict[str, Any]:

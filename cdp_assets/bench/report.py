@@ -243,11 +243,12 @@ def stage_rows(report: dict[str, Any]) -> list[str]:
 
 
 def _run_peaks(report: dict[str, Any]) -> list[str]:
-    """Per stage, the run that raised its run worker highest, and the worker's RSS when that
-    run started (what earlier runs left it holding)."""
+    """Per stage, the run whose worker peaked highest, from the RSS it started with, and the
+    range of every run's start RSS (each run has a fresh process)."""
     peaks = [
         f"{name.replace('_', ' ')}: {peak['job']} ({peak['label']}),"
-        f" {_n(peak['rss_start_mb'])} -> {_n(peak['peak_rss_mb'])} MB"
+        f" {_n(peak['rss_start_mb'])} -> {_n(peak['peak_rss_mb'])} MB ({peak['runs']} runs"
+        f" starting at {'-'.join(_n(mb) for mb in peak['start_rss_range_mb'])} MB)"
         for name, stage in report["stages"].items()
         if (peak := stage.get("largest_run_peak"))
     ]
@@ -255,9 +256,9 @@ def _run_peaks(report: dict[str, Any]) -> list[str]:
         return []
     return [
         "",
-        "The run that raised its run worker highest in each stage, from the worker's RSS when"
-        " the run started (run workers are long-lived: what earlier runs left them holding)"
-        " to its peak: " + "; ".join(peaks) + ".",
+        "The run whose worker peaked highest in each stage, from the worker's RSS when the run"
+        " started (a process per run, forked from a server holding the definitions) to its"
+        " peak: " + "; ".join(peaks) + ".",
     ]
 
 
