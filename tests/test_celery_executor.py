@@ -78,7 +78,7 @@ def test_the_executor_is_dagsters_default_unless_celery_is_asked_for(
     assert executor_from_env({EXECUTOR_ENV: "multiprocess"}) is default
     assert default.name == dg.multi_or_in_process_executor.name
     # Steps fork from a server that imported the code location; run config may still pick.
-    preload = {"forkserver": {"preload_modules": ["cdp_assets.definitions"]}}
+    preload = {"forkserver": {"preload_modules": ["cdp_assets.lib.preload"]}}
     assert default.config_schema.as_field().default_value == {
         "multiprocess": {"start_method": preload}
     }

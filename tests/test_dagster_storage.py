@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
+
 import dagster as dg
+import pytest
+from dagster._serdes import serialize_value
 from sqlalchemy import event
+
+from cdp_assets.lib.executor import PRELOADED
 
 
 def test_storing_many_events_opens_a_connection_or_two_not_one_per_statement(instance):
@@ -24,3 +32,37 @@ def test_storing_many_events_opens_a_connection_or_two_not_one_per_statement(ins
     stored = instance.fetch_materializations(dg.AssetKey("pool_probe"), limit=100).records
     assert len(stored) == 30
     assert len(connects) <= 2  # dagster-postgres' own NullPool opened 3-4 per event
+
+
+# A process that imported `preloaded`, then created the instance from the ref on its stdin:
+# the modules that creation imported, one per line.
+_INSTANCE_IMPORTS = """
+import importlib, sys
+from dagster import DagsterInstance
+from dagster._serdes import deserialize_value
+importlib.import_module(sys.argv[1])
+ref = deserialize_value(sys.stdin.read())
+before = set(sys.modules)
+DagsterInstance.from_ref(ref).dispose()
+print("\\n".join(sorted(set(sys.modules) - before)))
+"""
+_STORAGE_PACKAGES = {"dagster", "dagster_postgres", "sqlalchemy", "psycopg2", "alembic"}
+
+
+@pytest.mark.parametrize(
+    ("preloaded", "imports_storage"),
+    [(PRELOADED, False), ("cdp_assets.definitions", True)],
+)
+def test_processes_forked_from_the_preload_create_their_instance_without_importing_storage(
+    instance, preloaded: str, imports_storage: bool
+):
+    created = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(_INSTANCE_IMPORTS), preloaded],
+        input=serialize_value(instance.get_ref()),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    imported = {name.split(".")[0] for name in created.stdout.split()}
+    # The code location alone leaves Dagster's storage (hundreds of modules) to each process.
+    assert bool(imported & _STORAGE_PACKAGES) is imports_storage, sorted(imported)

@@ -247,9 +247,24 @@ def _run_workers(log_path: Path) -> ProcessPoolExecutor:
         initargs=(str(log_path), dict(os.environ)),
         max_tasks_per_child=1,
     )
-    # The server starts with the first worker: its import is paid here, before any stage.
-    workers.submit(time.sleep, 0).result()
+    # The server starts with the first worker: its import is paid here, before any stage, and
+    # its warnings go to the log with the workers' own.
+    with _stderr_to(log_path):
+        workers.submit(time.sleep, 0).result()
     return workers
+
+
+@contextlib.contextmanager
+def _stderr_to(path: Path) -> Iterator[None]:
+    """File descriptor 2 appending to `path` meanwhile: a process started now inherits it."""
+    saved = os.dup(2)
+    try:
+        with open(path, "a") as target:
+            os.dup2(target.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 @dataclass

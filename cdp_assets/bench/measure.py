@@ -1,8 +1,9 @@
 """What every stage reports: wall seconds, records per second, peak memory, database size.
 
-Runs execute in this process (`execute_in_process`), so this process's peak RSS during a stage
-is the run's. The kernel's high-water mark (VmHWM) is reset at the start of each stage by
-writing 5 to /proc/self/clear_refs; dbt runs as a child process, whose peak is sampled apart.
+This process's peak RSS during a stage is its own (it drives the runs): the kernel's
+high-water mark (VmHWM) is reset at the start of each stage by writing 5 to
+/proc/self/clear_refs. Runs execute in run worker processes, and dbt in their children, whose
+peaks are sampled apart; each run worker also reports its own when its run ends.
 """
 
 from __future__ import annotations
@@ -57,10 +58,11 @@ def peak_rss_mb() -> float:
 class ChildPeak:
     """The largest VmHWM of this process's descendants (the run workers and the dbt processes
     they start), sampled while a stage runs; each one's high-water mark is reset first, so a
-    worker's peak in an earlier stage does not count. getrusage(RUSAGE_CHILDREN) cannot
-    serve: a child forked from a process counts that process's pages until it execs. The
-    sandboxes (VTEX's, and Meta's and Google's) stand in for remote services: their peak is
-    kept apart, in `sandbox_peak_mb`."""
+    process that outlives a stage (the run workers' server, the sandboxes) does not carry its
+    peak of an earlier stage into it. getrusage(RUSAGE_CHILDREN) cannot serve: a child forked
+    from a process counts that process's pages until it execs. The sandboxes (VTEX's, and
+    Meta's and Google's) stand in for remote services: their peak is kept apart, in
+    `sandbox_peak_mb`."""
 
     def __init__(self, interval: float = 0.25) -> None:
         self.interval = interval

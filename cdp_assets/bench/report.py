@@ -465,7 +465,7 @@ def render_scale(report: dict[str, Any]) -> list[str]:
         "",
         f"Run {report['started_at']} ({_n(report['wall_seconds'])} s in all) on {env['cpus']}"
         f" CPUs ({env.get('run_workers', 1)} run workers: runs of different tenants execute"
-        f" that many at a time, each in a worker process), load average"
+        f" that many at a time, each in a process of its own), load average"
         f" {env['load_average_start']} at the start and"
         f" {env['load_average_end']} at the end; PostgreSQL {env['postgres_version']} over"
         f" {env['connection']}{_settings(env)}; Python {env['python']},"
@@ -538,7 +538,7 @@ def render_summary(reports: list[dict[str, Any]]) -> str:
         "# Benchmark results",
         "",
         "Written by `cdp bench --scale small|seed|large` (see the README, Benchmarks). Every"
-        " stage runs the platform's own Dagster jobs, each run in a run worker process,"
+        " stage runs the platform's own Dagster jobs, each run in a process of its own,"
         " against the loopback sandboxes; numbers vary with the machine and its load.",
         "",
     ]
