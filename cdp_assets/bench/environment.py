@@ -26,6 +26,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from importlib.resources import files
 from pathlib import Path
+from typing import Any
 
 import dagster as dg
 import psycopg
@@ -144,11 +145,17 @@ class RunRequest:
     asset_selection: Sequence[dg.AssetKey] | None = None
 
 
-def _start_worker(log_path: str, environment: dict[str, str]) -> None:
+# The run slots the workers share (RUN_WORKERS): set in each worker when it starts.
+_run_slots: Any = None
+
+
+def _start_worker(log_path: str, environment: dict[str, str], run_slots: Any) -> None:
     """A run worker: this process's environment as it was when the workers started (a
     forkserver started earlier, by another caller in this process, holds an older one),
     dbt's progress (printed on stdout) and Python's warnings to the bench log, the instance
     loaded."""
+    global _run_slots
+    _run_slots = run_slots
     os.environ.clear()
     os.environ.update(environment)
     sys.stdout = sys.stderr = open(log_path, "a", buffering=1)  # noqa: SIM115 (its whole life)
@@ -163,7 +170,12 @@ def _worker_instance() -> dg.DagsterInstance:
 
 
 def _execute(request: RunRequest) -> RunOutcome:
-    """One run in a worker, and the worker's memory around it."""
+    """One run in a worker, once a run slot is free, and the worker's memory around it."""
+    with _run_slots:
+        return _execute_now(request)
+
+
+def _execute_now(request: RunRequest) -> RunOutcome:
     from cdp_assets.definitions import defs
 
     rss_start = rss_mb()
@@ -235,16 +247,18 @@ class Runner:
 
 
 def _run_workers(log_path: Path) -> ProcessPoolExecutor:
-    """RUN_WORKERS processes at a time, each running one run and exiting, forked from a
+    """RUN_WORKERS runs at a time, each in a process that runs it and exits, forked from a
     server that has imported the definitions (as the platform's executor forks its steps,
-    lib/executor.py)."""
+    lib/executor.py). One worker more than there are slots waits, started, for the next
+    free slot: a run's start is not delayed by forking its process (0.2 s) after the last
+    one ended, as the run launcher's start is not part of a run either."""
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload([PRELOADED])
     workers = ProcessPoolExecutor(
-        RUN_WORKERS,
+        RUN_WORKERS + 1,
         mp_context=context,
         initializer=_start_worker,
-        initargs=(str(log_path), dict(os.environ)),
+        initargs=(str(log_path), dict(os.environ), context.Semaphore(RUN_WORKERS)),
         max_tasks_per_child=1,
     )
     # The server starts with the first worker: its import is paid here, before any stage, and
