@@ -112,13 +112,10 @@ def _dbt_summary(runs: Sequence[RunRecord]) -> dict[str, Any]:
     }
 
 
-def _largest_run_peak(runs: Sequence[RunRecord]) -> dict[str, Any]:
-    """The run whose worker peaked highest, with the RSS it started from (what the forked
-    definitions and the instance hold), and the range of every run's start RSS: each run has
-    a process of its own, so none starts with what another left."""
-    if not runs:
-        return {}
-    largest = max(runs, key=lambda run: run.outcome.peak_mb)
+def _largest_run_peak(largest: RunRecord, runs: Sequence[RunRecord]) -> dict[str, Any]:
+    """The run whose worker peaked highest (`largest`, one of `runs`), with the RSS it started
+    from (what the forked definitions and the instance hold), and the range of every run's
+    start RSS: each run has a process of its own, so none starts with what another left."""
     starts = [run.outcome.rss_start_mb for run in runs]
     return {
         "job": largest.job,
@@ -139,9 +136,12 @@ def _stage(bench: Bench, name: str) -> Iterator[StageResult]:
     with stage(name, bench.url) as result:
         yield result
     runs = bench.runner.records[earlier:]
-    result.largest_run_peak = _largest_run_peak(runs)
-    if runs and (peak := max(run.outcome.peak_mb for run in runs)) > result.child_peak_rss_mb:
-        result.child_peak_rss_mb, result.child_peak_process = peak, "run worker"
+    if not runs:
+        return
+    largest = max(runs, key=lambda run: run.outcome.peak_mb)
+    result.largest_run_peak = _largest_run_peak(largest, runs)
+    if largest.outcome.peak_mb > result.child_peak_rss_mb:
+        result.child_peak_rss_mb, result.child_peak_process = largest.outcome.peak_mb, "run worker"
 
 
 def _runs_summary(runs: Sequence[RunRecord]) -> dict[str, Any]:
