@@ -106,6 +106,10 @@ def test_each_run_has_a_fresh_worker_and_each_stage_names_its_largest(small):
         assert 0 < peak["rss_start_mb"] <= peak["peak_rss_mb"], name
         # The stage's peak covers every run's, sampled or not.
         assert peak["peak_rss_mb"] <= stages[name]["child_peak_rss_mb"], name
+        # The workers' server is measured apart: a run worker's figure is the largest run's.
+        assert stages[name]["worker_server_peak_rss_mb"] > 0, name
+        if stages[name]["child_peak_process"] == "run worker":
+            assert stages[name]["child_peak_rss_mb"] == peak["peak_rss_mb"], name
         # A process per run: no run starts with what earlier runs left (a long-lived worker
         # grew by over 100 MB from run to run).
         low, high = peak["start_rss_range_mb"]
@@ -119,7 +123,9 @@ def test_each_run_has_a_fresh_worker_and_each_stage_names_its_largest(small):
         AUDIENCES_JOB,
         activation_push.name,
     }
-    assert "The run whose worker peaked highest" in (folder / "summary.md").read_text()
+    summary = (folder / "summary.md").read_text()
+    assert "The run whose worker peaked highest" in summary
+    assert "The server the workers are forked from, which runs nothing, peaked at" in summary
     # A report kept from when workers ran many runs each still renders, and says so.
     earlier = copy.deepcopy(report)
     for stage in earlier["stages"].values():

@@ -62,13 +62,15 @@ class ChildPeak:
     peak of an earlier stage into it. getrusage(RUSAGE_CHILDREN) cannot serve: a child forked
     from a process counts that process's pages until it execs. The sandboxes (VTEX's, and
     Meta's and Google's) stand in for remote services: their peak is kept apart, in
-    `sandbox_peak_mb`."""
+    `sandbox_peak_mb`. So is the run workers' server's (`server_peak_mb`): it runs nothing, and
+    its idle RSS counts shared libraries that its workers map without touching."""
 
     def __init__(self, interval: float = 0.25) -> None:
         self.interval = interval
         self.peak_mb = 0.0
         self.peak_process = ""  # which process reached peak_mb (process_label)
         self.sandbox_peak_mb = 0.0
+        self.server_peak_mb = 0.0
         self._own_command = Path("/proc/self/cmdline").read_bytes()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="bench-child-rss", daemon=True)
@@ -90,7 +92,8 @@ class ChildPeak:
             self._sample()
 
     def _sample(self) -> None:
-        for pid in _descendants(os.getpid()):
+        own_pid = os.getpid()
+        for pid, parent in _descendants(own_pid).items():
             try:
                 status = Path(f"/proc/{pid}/status").read_text()
                 command = Path(f"/proc/{pid}/cmdline").read_bytes()
@@ -104,6 +107,10 @@ class ChildPeak:
             peak = int(match.group(1)) / 1024
             if b"cdp_assets.sandbox" in command:
                 self.sandbox_peak_mb = max(self.sandbox_peak_mb, peak)
+            elif parent == own_pid and b"multiprocessing" in command:
+                # The run workers' server (and its resource tracker): the workers are its
+                # children, with the same command line.
+                self.server_peak_mb = max(self.server_peak_mb, peak)
             elif peak > self.peak_mb:
                 self.peak_mb, self.peak_process = peak, process_label(command)
 
@@ -123,7 +130,8 @@ def process_label(command: bytes) -> str:
     return Path(argv[0]).name
 
 
-def _descendants(root: int) -> list[int]:
+def _descendants(root: int) -> dict[int, int]:
+    """Every descendant of `root`, with its parent."""
     parents: dict[int, int] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -134,11 +142,12 @@ def _descendants(root: int) -> list[int]:
             continue
         # The command name may hold spaces and parentheses: fields follow the last ')'.
         parents[int(entry.name)] = int(stat[stat.rindex(")") + 2 :].split()[1])
-    found, frontier = [], [root]
+    found: dict[int, int] = {}
+    frontier = [root]
     while frontier:
         parent = frontier.pop()
         children = [pid for pid, ppid in parents.items() if ppid == parent]
-        found += children
+        found |= dict.fromkeys(children, parent)
         frontier += children
     return found
 
@@ -163,6 +172,7 @@ class StageResult:
     child_peak_rss_mb: float = 0.0
     child_peak_process: str = ""
     sandbox_peak_rss_mb: float = 0.0
+    worker_server_peak_rss_mb: float = 0.0
     database_size_mb: float = 0.0
     largest_run_peak: dict[str, Any] = field(default_factory=dict)
     details: dict[str, Any] = field(default_factory=dict)
@@ -183,6 +193,7 @@ class StageResult:
             "child_peak_rss_mb": round(self.child_peak_rss_mb, 1),
             "child_peak_process": self.child_peak_process,
             "sandbox_peak_rss_mb": round(self.sandbox_peak_rss_mb, 1),
+            "worker_server_peak_rss_mb": round(self.worker_server_peak_rss_mb, 1),
             "database_size_mb": round(self.database_size_mb, 1),
             **({"largest_run_peak": self.largest_run_peak} if self.largest_run_peak else {}),
             **self.details,
@@ -203,6 +214,7 @@ def stage(name: str, database_url: str) -> Iterator[StageResult]:
     result.child_peak_rss_mb = children.peak_mb
     result.child_peak_process = children.peak_process
     result.sandbox_peak_rss_mb = children.sandbox_peak_mb
+    result.worker_server_peak_rss_mb = children.server_peak_mb
     result.database_size_mb = database_size_mb(database_url)
 
 
