@@ -34,6 +34,34 @@ def test_storing_many_events_opens_a_connection_or_two_not_one_per_statement(ins
     assert len(connects) <= 2  # dagster-postgres' own NullPool opened 3-4 per event
 
 
+def test_asking_whether_a_table_exists_queries_the_catalog_once_per_table(instance):
+    """Every asset check event asks whether the checks' table exists (a dbt build stores two
+    per test); dagster-postgres asked the catalog each time."""
+    engine = instance.event_log_storage._engine
+    catalog_queries = []
+
+    def count(_conn, _cursor, statement: str, *_: object) -> None:
+        if "pg_catalog.pg_class" in statement:
+            catalog_queries.append(statement)
+
+    event.listen(engine, "before_cursor_execute", count)
+    try:
+        for n in range(20):
+            instance.report_runless_asset_event(
+                dg.AssetCheckEvaluation(
+                    asset_key=dg.AssetKey("table_probe"), check_name="probe", passed=n % 2 == 0
+                )
+            )
+        assert instance.event_log_storage.has_table("no_such_table") is False
+        assert instance.event_log_storage.has_table("no_such_table") is False
+    finally:
+        event.remove(engine, "before_cursor_execute", count)
+    assert instance.event_log_storage.supports_asset_checks
+    # At most the first check event's query, and each query for the missing table: a table
+    # a migration may create later is asked again.
+    assert 2 <= len(catalog_queries) <= 3
+
+
 # A process that imported `preloaded`, then created the instance from the ref on its stdin:
 # the modules that creation imported, one per line.
 _INSTANCE_IMPORTS = """

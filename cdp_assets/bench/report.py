@@ -244,8 +244,7 @@ def stage_rows(report: dict[str, Any]) -> list[str]:
 
 def _run_peaks(report: dict[str, Any]) -> list[str]:
     """Per stage, the run whose worker peaked highest, from the RSS it started with, and the
-    range of every run's start RSS. Reports written before each run had a process of its own
-    (their workers ran many runs) have no range."""
+    range of every run's start RSS."""
     peaks = {
         name.replace("_", " "): peak
         for name, stage in report["stages"].items()
@@ -253,26 +252,16 @@ def _run_peaks(report: dict[str, Any]) -> list[str]:
     }
     if not peaks:
         return []
-    process_per_run = all("start_rss_range_mb" in peak for peak in peaks.values())
     return [
         "",
         "The run whose worker peaked highest in each stage, from the worker's RSS when the run"
-        " started "
-        + (
-            "(a process per run, forked from a server holding the definitions)"
-            if process_per_run
-            else "(long-lived run workers: what earlier runs left them holding)"
-        )
-        + " to its peak: "
+        " started (a process per run, forked from a server holding the definitions) to its"
+        " peak: "
         + "; ".join(
             f"{name}: {peak['job']} ({peak['label']}),"
             f" {_n(peak['rss_start_mb'])} -> {_n(peak['peak_rss_mb'])} MB"
-            + (
-                f" ({peak['runs']} runs starting at"
-                f" {'-'.join(_n(mb) for mb in peak['start_rss_range_mb'])} MB)"
-                if process_per_run
-                else ""
-            )
+            f" ({peak['runs']} runs starting at"
+            f" {'-'.join(_n(mb) for mb in peak['start_rss_range_mb'])} MB)"
             for name, peak in peaks.items()
         )
         + "."

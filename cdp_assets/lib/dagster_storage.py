@@ -47,6 +47,7 @@ def _storage_args(config_value: Any) -> dict[str, Any]:
 
 class PooledPostgresEventLogStorage(PostgresEventLogStorage):
     def __init__(self, postgres_url: str, *args: Any, **kwargs: Any) -> None:
+        self._tables_present: set[str] = set()
         super().__init__(postgres_url, *args, **kwargs)
         self._engine.dispose()
         self._engine = create_pg_engine(
@@ -64,6 +65,14 @@ class PooledPostgresEventLogStorage(PostgresEventLogStorage):
         cls, inst_data: ConfigurableClassData | None, config_value: Any
     ) -> PooledPostgresEventLogStorage:
         return cls(**_storage_args(config_value), inst_data=inst_data)
+
+    def has_table(self, table_name: str) -> bool:
+        """Dagster asks whether a table of a later migration exists (asset checks, event tags)
+        before storing many events, a catalog query each time. A table that exists stays; a
+        missing one is asked again, since a migration may create it."""
+        if table_name not in self._tables_present and super().has_table(table_name):
+            self._tables_present.add(table_name)
+        return table_name in self._tables_present
 
     def dispose(self) -> None:
         super().dispose()
