@@ -7,6 +7,9 @@ same log-likelihood, so a difference in parameters can be judged by which one fi
 
 from __future__ import annotations
 
+import contextlib
+import io
+import re
 import time
 import warnings
 from collections.abc import Callable
@@ -72,6 +75,12 @@ def _log_likelihoods(params: dict[str, float], x, t_x, T, m_x) -> dict[str, floa
     }
 
 
+def _scipy_message(printed: io.StringIO) -> list[str]:
+    """The `message:` line of a scipy result lifetimes printed, in brackets, if any."""
+    match = re.search(r"^\s*message: (.+)$", printed.getvalue(), re.MULTILINE)
+    return [f"({match.group(1).strip()})"] if match else []
+
+
 def compare_tenant(conn: psycopg.Connection, tenant_id: str) -> dict[str, Any]:
     """Times, parameters and log-likelihoods of both fits on one tenant's customers."""
     x, t_x, T, m_x = _summary(conn, tenant_id)
@@ -83,14 +92,18 @@ def compare_tenant(conn: psycopg.Connection, tenant_id: str) -> dict[str, Any]:
     ours_seconds, ours = _ours(x, t_x, T, m_x)
     row["ours"] = {"seconds": round(ours_seconds, 4), "params": ours}
     row["ours"]["log_likelihood"] = _log_likelihoods(ours, x, t_x, T, m_x)
+    # lifetimes prints scipy's whole result when a fit fails to converge: its message goes
+    # into the report, not onto the console.
+    printed = io.StringIO()
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), contextlib.redirect_stdout(printed):
             warnings.simplefilter("ignore")  # pandas deprecations inside lifetimes 0.11
             theirs_seconds, theirs = _lifetimes(x, t_x, T, m_x)
     except ImportError:
         return {**row, "lifetimes": {"error": "lifetimes is not installed (the test extra)"}}
     except Exception as error:  # a failed fit is a result to report, not a crash
-        return {**row, "lifetimes": {"error": f"{type(error).__name__}: {error}"[:300]}}
+        reason = " ".join([f"{type(error).__name__}: {error}".strip(), *_scipy_message(printed)])
+        return {**row, "lifetimes": {"error": reason[:300]}}
     row["lifetimes"] = {
         "seconds": round(theirs_seconds, 4),
         "params": theirs,
