@@ -104,10 +104,11 @@ def test_each_run_has_a_fresh_worker_and_each_stage_names_its_largest(small):
         assert 0 < peak["rss_start_mb"] <= peak["peak_rss_mb"], name
         # The stage's peak covers every run's, sampled or not.
         assert peak["peak_rss_mb"] <= stages[name]["child_peak_rss_mb"], name
-        # The workers' server is measured apart: a run worker's figure is the largest run's.
+        # The workers' server is measured apart: a run worker's figure is the largest run's,
+        # give or take what the worker touches after reporting it (pickling, exiting).
         assert stages[name]["worker_server_peak_rss_mb"] > 0, name
         if stages[name]["child_peak_process"] == "run worker":
-            assert stages[name]["child_peak_rss_mb"] == peak["peak_rss_mb"], name
+            assert stages[name]["child_peak_rss_mb"] <= peak["peak_rss_mb"] + 5, name
         # A process per run: no run starts with what earlier runs left (a long-lived worker
         # grew by over 100 MB from run to run).
         low, high = peak["start_rss_range_mb"]
