@@ -270,11 +270,9 @@ def _run_peaks(report: dict[str, Any]) -> list[str]:
 
 
 def _worker_server(report: dict[str, Any]) -> str:
-    """The run workers' server, measured apart from the runs (reports before it was have
-    none): it runs nothing, and holds shared libraries its workers map without touching."""
-    server = max(stage.get("worker_server_peak_rss_mb", 0.0) for stage in report["stages"].values())
-    if not server:
-        return ""
+    """The run workers' server, measured apart from the runs: it runs nothing, and holds
+    shared libraries its workers map without touching."""
+    server = max(stage["worker_server_peak_rss_mb"] for stage in report["stages"].values())
     return (
         f" The server the workers are forked from, which runs nothing, peaked at {_n(server)} MB"
         " (shared libraries mapped in it count there, and in a worker only once touched);"
