@@ -660,6 +660,58 @@ def test_audience_sizes_stay_within_bounds(analytics):
     assert result.metadata["audiences_checked"].value >= 16 * 2
 
 
+def _shift_recency(conn, segments: tuple[str, ...], days: int) -> None:
+    conn.execute(
+        "UPDATE marts.rfm_segments SET recency_days = recency_days + %s WHERE segment = ANY(%s)",
+        (days, list(segments)),
+    )
+    conn.commit()
+
+
+def _refresh_audiences(instance: dg.DagsterInstance, views: list[str]) -> None:
+    selection = [dg.AssetKey(view) for view in views]
+    result = dg.materialize(
+        [dbt_audiences], instance=instance, resources=resources(), selection=selection
+    )
+    assert result.success
+
+
+def test_an_audience_is_rewritten_unless_a_reader_is_in_it(
+    analytics, conn, warehouse_url, instance
+):
+    """A refresh writes an audience anew (a plain refresh: a new file, no diff), except one a
+    reader is in: that one is refreshed CONCURRENTLY beside the reader (its file stays), and
+    the refresh does not wait for the reader to leave."""
+    import psycopg
+
+    views = {"audience_rfm_champions": "Champions", "audience_rfm_lost": "Lost"}
+    held, free = views
+    files_sql = "SELECT relfilenode FROM pg_class WHERE oid = %s::regclass"
+    stale_sql = """
+        SELECT count(*), count(*) FILTER (WHERE a.recency_days <> s.recency_days)
+          FROM audiences.{} a JOIN marts.rfm_segments s USING (tenant_id, customer_key)
+    """
+    before = {v: conn.execute(files_sql, (f"audiences.{v}",)).fetchone() for v in views}
+    _shift_recency(conn, tuple(views.values()), 1)
+    try:
+        with psycopg.connect(warehouse_url) as reader:
+            # Were the refresh to wait for the reader, the server would end the reader's
+            # session after this, and the held audience would get a new file.
+            reader.execute("SET idle_in_transaction_session_timeout = '60s'")
+            reader.execute(f"SELECT count(*) FROM audiences.{held}").fetchone()
+            _refresh_audiences(instance, list(views))
+            assert reader.execute("SELECT 1").fetchone() == (1,)  # still in its transaction
+        after = {v: conn.execute(files_sql, (f"audiences.{v}",)).fetchone() for v in views}
+        assert after[held] == before[held]
+        assert after[free] != before[free]
+        for view in views:
+            members, stale = conn.execute(stale_sql.format(view)).fetchone()
+            assert members > 0 and stale == 0, view
+    finally:
+        _shift_recency(conn, tuple(views.values()), -1)
+        _refresh_audiences(instance, list(views))
+
+
 def test_the_dbt_resource_knows_the_cli_version_without_asking_the_cli():
     printed = subprocess.check_output([DBT_EXECUTABLE, "--version"], text=True)
     assert str(dbt_resource()._cli_version) == re.search(r"(\d+\.\d+\.\d+)", printed).group(1)

@@ -215,5 +215,6 @@ def dbt_churn_holdout(context: dg.AssetExecutionContext, dbt: DbtCliResource):
     pool=DBT_POOL,
 )
 def dbt_audiences(context: dg.AssetExecutionContext, dbt: DbtCliResource):
-    """Audience materialized views over every tenant, refreshed concurrently."""
+    """Audience materialized views over every tenant, refreshed whole, or concurrently
+    beside a reader in one."""
     yield from _run_dbt(context, dbt, None)

@@ -1,6 +1,6 @@
 {#-
     Audiences: one materialized view per audience, every tenant in it (tenant_id column),
-    refreshed concurrently. An audience is defined by its members and their reason columns;
+    refreshed without keeping readers waiting. An audience is defined by its members and their reason columns;
     the identifier columns are the same everywhere and come from here.
 -#}
 
