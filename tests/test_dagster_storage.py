@@ -1,4 +1,5 @@
-"""The instance's event log writes over a pooled connection, not one connection per statement."""
+"""The instance's run storage and event log write over a pooled connection, not one connection
+per statement, and ask the catalog once for what exists."""
 
 from __future__ import annotations
 
@@ -60,6 +61,47 @@ def test_asking_whether_a_table_exists_queries_the_catalog_once_per_table(instan
     # At most the first check event's query, and each query for the missing table: a table
     # a migration may create later is asked again.
     assert 2 <= len(catalog_queries) <= 3
+
+
+@dg.op
+def probe_op() -> int:
+    return 1
+
+
+@dg.job
+def probe_job() -> None:
+    probe_op()
+
+
+def test_runs_reuse_a_connection_and_ask_for_the_runs_columns_once(instance):
+    """Adding a run and storing its run events asked dagster-postgres' run storage for a new
+    connection per statement, and reflected the runs table (8 ms) before each write."""
+    storage = instance.run_storage
+    connects, catalog_queries = [], []
+
+    def connected(*_: object) -> None:
+        connects.append(1)
+
+    def executed(_conn, _cursor, statement: str, *_: object) -> None:
+        if "pg_attribute" in statement:
+            catalog_queries.append(statement)
+
+    event.listen(storage._engine, "connect", connected)
+    event.listen(storage._engine, "before_cursor_execute", executed)
+    try:
+        for _ in range(3):
+            assert probe_job.execute_in_process(instance=instance).success
+        assert len(connects) <= 2
+        asked = len(catalog_queries)
+        assert asked <= 1
+        # A column a migration may add later is asked again.
+        assert storage.has_backfill_id_column()
+        assert not storage._has_columns("runs", "no_such_column")
+        assert not storage._has_columns("runs", "no_such_column")
+        assert len(catalog_queries) == asked + 2
+    finally:
+        event.remove(storage._engine, "connect", connected)
+        event.remove(storage._engine, "before_cursor_execute", executed)
 
 
 # A process that imported `preloaded`, then created the instance from the ref on its stdin:

@@ -7,7 +7,10 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from cdp_assets.lib.dagster_storage import PooledPostgresEventLogStorage
+from cdp_assets.lib.dagster_storage import (
+    PooledPostgresEventLogStorage,
+    PooledPostgresRunStorage,
+)
 from cdp_assets.lib.database import sqlalchemy_url
 
 PROJECT = Path(__file__).resolve().parent.parent
@@ -24,7 +27,7 @@ def test_instance_config_loads_with_its_limits(name, warehouse_url, tmp_path, mo
         shutil.copyfileobj(config, copy)
     monkeypatch.setenv(url_env, sqlalchemy_url(warehouse_url))
     with dg.DagsterInstance.from_config(str(tmp_path)) as instance:
-        assert type(instance.run_storage).__name__ == "PostgresRunStorage"
+        assert type(instance.run_storage) is PooledPostgresRunStorage
         assert type(instance.event_log_storage) is PooledPostgresEventLogStorage
         settings = instance.get_concurrency_config()
         limits = {limit["key"]: limit for limit in settings.run_queue_config.tag_concurrency_limits}

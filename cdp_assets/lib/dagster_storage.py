@@ -1,11 +1,16 @@
-"""Dagster's Postgres storage, with the event log keeping a connection open between writes.
+"""Dagster's Postgres storage, keeping connections open and remembering the schema.
 
-dagster-postgres opens a new connection for every statement of its event log (SQLAlchemy's
-NullPool), three or four per event. A run over many tenants' partitions stores thousands
-of events (one planned and one materialization per asset and partition, one per dbt test):
-41 tenants' dbt models are about 1,800 events, which spent 33 s storing them, most of it
-connecting (2.7 ms each, and a server process forked per connection). Here the event log
-keeps one connection and opens more only while threads write at once.
+dagster-postgres opens a new connection for every statement of its run storage and event log
+(SQLAlchemy's NullPool), three or four per event. A run over many tenants' partitions stores
+thousands of events (one planned and one materialization per asset and partition, one per dbt
+test): 41 tenants' dbt models are about 1,800 events, which spent 33 s storing them, most of
+it connecting (2.7 ms each, and a server process forked per connection). Here both keep one
+connection and open more only while threads write at once.
+
+It also asks the catalog, before many writes, whether a table or a column of a later
+migration exists: reflection of the whole table for a column (8 ms), on every run it adds
+and every run event it stores. What exists is remembered; what is missing is asked again,
+since `dagster instance migrate` may add it.
 
 `dagster.yaml`:
 
@@ -19,11 +24,21 @@ keeps one connection and opens more only while threads write at once.
 
 from __future__ import annotations
 
+from functools import cached_property
 from typing import Any
 
+import sqlalchemy as db
+from dagster._core.storage.event_log.schema import AssetKeyTable, ConcurrencyLimitsTable
+from dagster._core.storage.runs.schema import BulkActionsTable, RunsTable
 from dagster._serdes import ConfigurableClassData
-from dagster_postgres import DagsterPostgresStorage, PostgresEventLogStorage
+from dagster_postgres import (
+    DagsterPostgresStorage,
+    PostgresEventLogStorage,
+    PostgresRunStorage,
+    PostgresScheduleStorage,
+)
 from dagster_postgres.utils import (
+    create_pg_connection,
     create_pg_engine,
     get_token_provider_from_config,
     pg_url_from_config,
@@ -34,6 +49,10 @@ POOL_SIZE = 1
 MAX_OVERFLOW = 10
 # Reconnect after an hour: a long-lived daemon outlives server-side idle timeouts.
 POOL_RECYCLE_SECONDS = 3600
+COLUMNS_SQL = db.text(
+    "SELECT attname FROM pg_attribute"
+    " WHERE attrelid = to_regclass(:table) AND attnum > 0 AND NOT attisdropped"
+)
 
 
 def _storage_args(config_value: Any) -> dict[str, Any]:
@@ -45,20 +64,40 @@ def _storage_args(config_value: Any) -> dict[str, Any]:
     }
 
 
-class PooledPostgresEventLogStorage(PostgresEventLogStorage):
+def _pooled_engine(postgres_url: str, token_provider: Any) -> db.Engine:
+    return create_pg_engine(
+        postgres_url,
+        token_provider,
+        isolation_level="AUTOCOMMIT",
+        pool_size=POOL_SIZE,
+        max_overflow=MAX_OVERFLOW,
+        pool_recycle=POOL_RECYCLE_SECONDS,
+        pool_pre_ping=True,
+    )
+
+
+class _KnownColumns:
+    """Whether a storage table has columns of a later migration, from one catalog query of
+    its column names (not a reflection of the table); columns seen are not asked again."""
+
+    _engine: db.Engine
+    _columns_present: set[tuple[str, str]]
+
+    def _has_columns(self, table: str, *columns: str) -> bool:
+        if not all((table, column) in self._columns_present for column in columns):
+            with create_pg_connection(self._engine) as conn:
+                names = conn.execute(COLUMNS_SQL, {"table": table}).scalars()
+                self._columns_present.update((table, name) for name in names)
+        return all((table, column) in self._columns_present for column in columns)
+
+
+class PooledPostgresEventLogStorage(_KnownColumns, PostgresEventLogStorage):
     def __init__(self, postgres_url: str, *args: Any, **kwargs: Any) -> None:
         self._tables_present: set[str] = set()
+        self._columns_present = set()
         super().__init__(postgres_url, *args, **kwargs)
         self._engine.dispose()
-        self._engine = create_pg_engine(
-            self.postgres_url,
-            self._token_provider,
-            isolation_level="AUTOCOMMIT",
-            pool_size=POOL_SIZE,
-            max_overflow=MAX_OVERFLOW,
-            pool_recycle=POOL_RECYCLE_SECONDS,
-            pool_pre_ping=True,
-        )
+        self._engine = _pooled_engine(self.postgres_url, self._token_provider)
 
     @classmethod
     def from_config_value(
@@ -74,13 +113,54 @@ class PooledPostgresEventLogStorage(PostgresEventLogStorage):
             self._tables_present.add(table_name)
         return table_name in self._tables_present
 
+    @cached_property
+    def has_default_pool_limit_col(self) -> bool:
+        # Asked by the first step of every run that claims a pool slot.
+        return self._has_columns(
+            ConcurrencyLimitsTable.name, ConcurrencyLimitsTable.c.using_default_limit.name
+        )
+
+    def has_asset_key_col(self, column_name: str) -> bool:
+        return self._has_columns(AssetKeyTable.name, column_name)
+
+    def dispose(self) -> None:
+        super().dispose()
+        self._engine.dispose()
+
+
+class PooledPostgresRunStorage(_KnownColumns, PostgresRunStorage):
+    def __init__(self, postgres_url: str, *args: Any, **kwargs: Any) -> None:
+        self._columns_present = set()
+        super().__init__(postgres_url, *args, **kwargs)
+        self._engine.dispose()
+        self._engine = _pooled_engine(self.postgres_url, self._token_provider)
+
+    @classmethod
+    def from_config_value(
+        cls, inst_data: ConfigurableClassData | None, config_value: Any
+    ) -> PooledPostgresRunStorage:
+        return cls(**_storage_args(config_value), inst_data=inst_data)
+
+    # Asked on every run added (backfill_id) and every run event stored (run stats).
+    def has_run_stats_index_cols(self) -> bool:
+        return self._has_columns(RunsTable.name, "start_time", "end_time")
+
+    def has_backfill_id_column(self) -> bool:
+        return self._has_columns(RunsTable.name, "backfill_id")
+
+    def has_bulk_actions_selector_cols(self) -> bool:
+        return self._has_columns(BulkActionsTable.name, "selector_id")
+
+    def has_bulk_action_job_name_column(self) -> bool:
+        return self._has_columns(BulkActionsTable.name, "job_name")
+
     def dispose(self) -> None:
         super().dispose()
         self._engine.dispose()
 
 
 class PooledPostgresStorage(DagsterPostgresStorage):
-    """`DagsterPostgresStorage` (same config) whose event log is pooled."""
+    """`DagsterPostgresStorage` (same config) whose run storage and event log are pooled."""
 
     def __init__(
         self,
@@ -89,10 +169,20 @@ class PooledPostgresStorage(DagsterPostgresStorage):
         inst_data: ConfigurableClassData | None = None,
         token_provider: Any = None,
     ) -> None:
-        super().__init__(postgres_url, should_autocreate_tables, inst_data, token_provider)
+        # Not DagsterPostgresStorage's constructor: it builds dagster-postgres' own run storage
+        # and event log (an engine and a listing of the tables each), to be replaced here.
+        self.postgres_url = postgres_url
+        self.should_autocreate_tables = should_autocreate_tables
+        self._inst_data = inst_data
+        storage_args = (postgres_url, should_autocreate_tables)
+        self._run_storage = PooledPostgresRunStorage(*storage_args, token_provider=token_provider)
         self._event_log_storage = PooledPostgresEventLogStorage(
-            postgres_url, should_autocreate_tables, token_provider=token_provider
+            *storage_args, token_provider=token_provider
         )
+        self._schedule_storage = PostgresScheduleStorage(
+            *storage_args, token_provider=token_provider
+        )
+        super(DagsterPostgresStorage, self).__init__()
 
     @classmethod
     def from_config_value(
@@ -100,15 +190,20 @@ class PooledPostgresStorage(DagsterPostgresStorage):
     ) -> PooledPostgresStorage:
         return cls(**_storage_args(config_value), inst_data=inst_data)
 
-    @property
-    def event_storage_data(self) -> ConfigurableClassData | None:
+    def _storage_data(self, storage: type) -> ConfigurableClassData | None:
         return (
-            ConfigurableClassData(
-                __name__, PooledPostgresEventLogStorage.__name__, self.inst_data.config_yaml
-            )
+            ConfigurableClassData(__name__, storage.__name__, self.inst_data.config_yaml)
             if self.inst_data
             else None
         )
+
+    @property
+    def event_storage_data(self) -> ConfigurableClassData | None:
+        return self._storage_data(PooledPostgresEventLogStorage)
+
+    @property
+    def run_storage_data(self) -> ConfigurableClassData | None:
+        return self._storage_data(PooledPostgresRunStorage)
 
 
 def storage_config(postgres_url: str) -> dict[str, Any]:
