@@ -76,12 +76,24 @@ def _pooled_engine(postgres_url: str, token_provider: Any) -> db.Engine:
     )
 
 
-class _KnownColumns:
-    """Whether a storage table has columns of a later migration, from one catalog query of
-    its column names (not a reflection of the table); columns seen are not asked again."""
+class _PooledStorage:
+    """A dagster-postgres storage (the class after this one in the bases) on a pooled engine,
+    asking whether its tables have columns of a later migration in one catalog query of their
+    column names (not a reflection of the table), and not again once they have."""
 
     _engine: db.Engine
-    _columns_present: set[tuple[str, str]]
+    _token_provider: Any
+    postgres_url: str
+
+    def __init__(self, postgres_url: str, *args: Any, **kwargs: Any) -> None:
+        self._columns_present: set[tuple[str, str]] = set()
+        super().__init__(postgres_url, *args, **kwargs)  # type: ignore[call-arg]
+        self._engine.dispose()
+        self._engine = _pooled_engine(self.postgres_url, self._token_provider)
+
+    @classmethod
+    def from_config_value(cls, inst_data: ConfigurableClassData | None, config_value: Any) -> Any:
+        return cls(**_storage_args(config_value), inst_data=inst_data)
 
     def _has_columns(self, table: str, *columns: str) -> bool:
         if not all((table, column) in self._columns_present for column in columns):
@@ -90,20 +102,15 @@ class _KnownColumns:
                 self._columns_present.update((table, name) for name in names)
         return all((table, column) in self._columns_present for column in columns)
 
+    def dispose(self) -> None:
+        super().dispose()  # type: ignore[misc]
+        self._engine.dispose()
 
-class PooledPostgresEventLogStorage(_KnownColumns, PostgresEventLogStorage):
+
+class PooledPostgresEventLogStorage(_PooledStorage, PostgresEventLogStorage):
     def __init__(self, postgres_url: str, *args: Any, **kwargs: Any) -> None:
         self._tables_present: set[str] = set()
-        self._columns_present = set()
         super().__init__(postgres_url, *args, **kwargs)
-        self._engine.dispose()
-        self._engine = _pooled_engine(self.postgres_url, self._token_provider)
-
-    @classmethod
-    def from_config_value(
-        cls, inst_data: ConfigurableClassData | None, config_value: Any
-    ) -> PooledPostgresEventLogStorage:
-        return cls(**_storage_args(config_value), inst_data=inst_data)
 
     def has_table(self, table_name: str) -> bool:
         """Dagster asks whether a table of a later migration exists (asset checks, event tags)
@@ -123,24 +130,8 @@ class PooledPostgresEventLogStorage(_KnownColumns, PostgresEventLogStorage):
     def has_asset_key_col(self, column_name: str) -> bool:
         return self._has_columns(AssetKeyTable.name, column_name)
 
-    def dispose(self) -> None:
-        super().dispose()
-        self._engine.dispose()
 
-
-class PooledPostgresRunStorage(_KnownColumns, PostgresRunStorage):
-    def __init__(self, postgres_url: str, *args: Any, **kwargs: Any) -> None:
-        self._columns_present = set()
-        super().__init__(postgres_url, *args, **kwargs)
-        self._engine.dispose()
-        self._engine = _pooled_engine(self.postgres_url, self._token_provider)
-
-    @classmethod
-    def from_config_value(
-        cls, inst_data: ConfigurableClassData | None, config_value: Any
-    ) -> PooledPostgresRunStorage:
-        return cls(**_storage_args(config_value), inst_data=inst_data)
-
+class PooledPostgresRunStorage(_PooledStorage, PostgresRunStorage):
     # Asked on every run added (backfill_id) and every run event stored (run stats).
     def has_run_stats_index_cols(self) -> bool:
         return self._has_columns(RunsTable.name, "start_time", "end_time")
@@ -153,10 +144,6 @@ class PooledPostgresRunStorage(_KnownColumns, PostgresRunStorage):
 
     def has_bulk_action_job_name_column(self) -> bool:
         return self._has_columns(BulkActionsTable.name, "job_name")
-
-    def dispose(self) -> None:
-        super().dispose()
-        self._engine.dispose()
 
 
 class PooledPostgresStorage(DagsterPostgresStorage):
