@@ -17,6 +17,7 @@ from cdp_assets.activation.triggers import activation_push
 from cdp_assets.analytics.dbt_project import DBT_PROJECT_DIR
 from cdp_assets.analytics.jobs import ANALYTICS_JOB, AUDIENCES_JOB
 from cdp_assets.bench import SCALES, run_bench
+from cdp_assets.bench.report import render_summary
 from cdp_assets.vtex.jobs import ORDERS_SYNC_JOB
 
 # About two minutes on an idle 2-core machine; the first test also pays for the module's run.
@@ -93,6 +94,18 @@ def test_sandbox_rate_and_run_breakdown_are_reported(small):
     assert not holdout & set(stages["analytics"]["step_seconds"])
     assert not holdout & set(stages["increment"]["step_seconds"])
     assert "dbt_tenant_scoring" in stages["increment"]["step_seconds"]
+
+
+def test_scaling_names_each_runs_machine_speed(small):
+    """Reports of two scales may come from machines of different speeds: the sandbox's
+    single-client rate, the same workload everywhere, is beside their costs."""
+    report = small[0]
+    ceiling = report["stages"]["ingestion"]["sandbox_ceiling"][0]["requests_per_second"]
+    faster = json.loads(json.dumps(report))
+    faster["stages"]["ingestion"]["sandbox_ceiling"][0]["requests_per_second"] = ceiling * 2
+    rows = render_summary([report, faster]).splitlines()
+    (speed,) = [row for row in rows if row.startswith("| sandbox Get-order req/s")]
+    assert speed.split(" | ")[1:] == [f"{ceiling:,.0f}", f"{ceiling * 2:,.0f} |"]
 
 
 def test_each_run_has_a_fresh_worker_and_each_stage_names_its_largest(small):
