@@ -1,35 +1,21 @@
 {#-
-    Churn bands (the rules are documented in models/marts/churn_risk.sql) from three CTEs the
+    Churn bands (the rules are documented in models/marts/churn_risk.sql) from two CTEs the
     calling model defines: `purchase_summary` (int_customers__purchase_summary rows as of
-    the date), `purchases` (purchases on or before it) and `predictions` (the Python step's
-    P(alive) as of it). One macro for today's bands (churn_risk) and the bands as of the
-    holdout's calibration date (churn_holdout), so the holdout validates the same rules.
+    the date, every customer who bought by then: the tenant's reorder gaps are over all of
+    them) and `predictions` (the Python step's P(alive) as of it). One macro for today's bands
+    (churn_risk) and the bands as of the holdout's calibration date (churn_holdout), so the
+    holdout validates the same rules.
 -#}
 {% macro churn_bands() %}
-with purchase_days as (
-    select distinct tenant_id, customer_key, order_date as purchase_date
-    from purchases
-),
-
-numbered_purchase_days as (
-    select
-        tenant_id,
-        customer_key,
-        purchase_date,
-        purchase_date - min(purchase_date) over (partition by tenant_id, customer_key) as days_since_first,
-        row_number() over (partition by tenant_id, customer_key order by purchase_date) as day_number
-    from purchase_days
-),
-
-tenant_reorder_gaps as (
+with tenant_reorder_gaps as (
     select
         tenant_id,
         count(*) as repeaters,
-        percentile_cont(0.50) within group (order by days_since_first) as p50_days,
-        percentile_cont(0.80) within group (order by days_since_first) as p80_days,
-        percentile_cont(0.95) within group (order by days_since_first) as p95_days
-    from numbered_purchase_days
-    where day_number = 2
+        percentile_cont(0.50) within group (order by second_purchase_date - first_purchase_date) as p50_days,
+        percentile_cont(0.80) within group (order by second_purchase_date - first_purchase_date) as p80_days,
+        percentile_cont(0.95) within group (order by second_purchase_date - first_purchase_date) as p95_days
+    from purchase_summary
+    where second_purchase_date is not null
     group by tenant_id
 ),
 

@@ -45,6 +45,9 @@ select
     (count(*) - 1)::integer as frequency_x,
     (max(purchase_date) - min(purchase_date))::integer as recency_t_x_days,
     ({{ as_of }} - min(purchase_date))::integer as age_t_days,
+    -- The tenant's time to a second purchase (churn_bands) comes from here, not from a sort
+    -- of every purchase day.
+    min(purchase_date) filter (where day_number = 2) as second_purchase_date,
     coalesce(avg(day_spend) filter (where day_number > 1), 0)::numeric(18, 2) as mean_repeat_spend
 from purchase_days
 group by tenant_id, customer_key

@@ -9,13 +9,6 @@ with purchase_summary as (
     where {{ tenant_filter() }}
 ),
 
-purchases as (
-    select * from {{ ref('int_orders__purchases') }}
-    where {{ tenant_filter() }}
-        and is_purchase
-        and order_date <= {{ holdout_calibration_date() }}
-),
-
 predictions as (
     select * from {{ source('analytics_python', 'holdout_predictions') }}
     where {{ tenant_filter() }}

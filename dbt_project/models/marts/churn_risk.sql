@@ -22,25 +22,10 @@ with customers as (
     where {{ tenant_filter() }}
 ),
 
--- One row per customer of the customers mart (the same population by construction).
--- Reading the population from `customers` also makes it a parent of this model: with
--- indirect_selection buildable (dbt_project.yml), a selection of everything but churn_risk
--- (the per-tenant Dagster asset that runs before the predictions) then leaves out
--- churn_risk's relationships test too, instead of testing a churn_risk not rebuilt yet.
+-- Every customer who bought by as_of: the tenant's reorder gaps are over all of them.
 purchase_summary as (
-    select summary.*
-    from {{ ref('int_customers__purchase_summary') }} as summary
-    inner join customers
-        on summary.tenant_id = customers.tenant_id
-        and summary.customer_key = customers.customer_key
-    where {{ tenant_filter('summary.tenant_id') }}
-),
-
-purchases as (
-    select * from {{ ref('int_orders__purchases') }}
+    select * from {{ ref('int_customers__purchase_summary') }}
     where {{ tenant_filter() }}
-        and is_purchase
-        and order_date <= {{ as_of_date() }}
 ),
 
 predictions as (
@@ -52,4 +37,13 @@ bands as (
     {{ churn_bands() }}
 )
 
-select * from bands
+-- One row per customer of the customers mart (the same population by construction).
+-- Reading the population from `customers` also makes it a parent of this model: with
+-- indirect_selection buildable (dbt_project.yml), a selection of everything but churn_risk
+-- (the per-tenant Dagster asset that runs before the predictions) then leaves out
+-- churn_risk's relationships test too, instead of testing a churn_risk not rebuilt yet.
+select bands.*
+from bands
+inner join customers
+    on bands.tenant_id = customers.tenant_id
+    and bands.customer_key = customers.customer_key
