@@ -351,7 +351,7 @@ def test_the_instance_config_loads_on_postgres(
     with contextlib.ExitStack() as stack:
         monkeypatch.setenv("DAGSTER_PG_URL", dagster_storage_database(warehouse_url, stack))
         with dg.DagsterInstance.from_config(str(tmp_path)) as instance:
-            assert type(instance.run_storage).__name__ == "PostgresRunStorage"
+            assert type(instance.run_storage).__name__ == "PooledPostgresRunStorage"
             assert type(instance.event_log_storage).__name__ == "PooledPostgresEventLogStorage"
             assert type(instance.run_coordinator).__name__ == "QueuedRunCoordinator"
             assert type(instance.run_launcher).__name__ == "DefaultRunLauncher"
