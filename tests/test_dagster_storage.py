@@ -42,7 +42,7 @@ def test_asking_whether_a_table_exists_queries_the_catalog_once_per_table(instan
     catalog_queries = []
 
     def count(_conn, _cursor, statement: str, *_: object) -> None:
-        if "pg_catalog.pg_class" in statement:
+        if "pg_catalog.pg_class" in statement or "pg_attribute" in statement:
             catalog_queries.append(statement)
 
     event.listen(engine, "before_cursor_execute", count)

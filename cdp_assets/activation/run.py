@@ -91,16 +91,15 @@ def _by_tenant(
     return dict(sorted(by_tenant.items()))
 
 
-def _tenant_record(tenant_id: str, outcomes: list[SyncOutcome]) -> dg.TableRecord:
+def _tenant_tally(tenant_id: str, outcomes: list[SyncOutcome]) -> dict[str, str | int]:
+    """One tenant's destination audiences by status and its totals (TENANT_COLUMNS)."""
     statuses = Counter(o.status for o in outcomes)
-    return dg.TableRecord(
-        {
-            "tenant_id": tenant_id,
-            "destination_audiences": len(outcomes),
-            **{status: statuses[status] for status in STATUSES},
-            **{name: sum(getattr(o, name) for o in outcomes) for name in TOTALS},
-        }
-    )
+    return {
+        "tenant_id": tenant_id,
+        "destination_audiences": len(outcomes),
+        **{status: statuses[status] for status in STATUSES},
+        **{name: sum(getattr(o, name) for o in outcomes) for name in TOTALS},
+    }
 
 
 def activation_metadata(
@@ -118,7 +117,10 @@ def activation_metadata(
         )
     if several_tenants:
         metadata["tenants"] = dg.MetadataValue.table(
-            records=[_tenant_record(t, o) for t, o in _by_tenant(outcomes, tenant_of).items()],
+            records=[
+                dg.TableRecord(_tenant_tally(tenant_id, tenant_outcomes))
+                for tenant_id, tenant_outcomes in _by_tenant(outcomes, tenant_of).items()
+            ],
             schema=dg.TableSchema(columns=TENANT_COLUMNS),
         )
     else:
@@ -136,13 +138,12 @@ def tenant_summaries(outcomes: list[SyncOutcome], tenant_of: dict[str, str]) -> 
     """Per tenant: its destination audiences by status and the members they moved."""
     lines = []
     for tenant_id, tenant_outcomes in _by_tenant(outcomes, tenant_of).items():
-        statuses = Counter(o.status for o in tenant_outcomes)
+        tally = _tenant_tally(tenant_id, tenant_outcomes)
+        statuses = ", ".join(f"{tally[s]} {s}" for s in sorted(STATUSES) if tally[s])
         lines.append(
-            f"{tenant_id}: {len(tenant_outcomes)} destination audiences"
-            f" ({', '.join(f'{n} {status}' for status, n in sorted(statuses.items()))}),"
-            f" +{sum(o.added for o in tenant_outcomes)} -{sum(o.removed for o in tenant_outcomes)}"
-            f" ={sum(o.unchanged for o in tenant_outcomes)}"
-            f" rejected {sum(o.rejected for o in tenant_outcomes)}"
+            f"{tenant_id}: {tally['destination_audiences']} destination audiences ({statuses}),"
+            f" +{tally['added']} -{tally['removed']} ={tally['unchanged']}"
+            f" rejected {tally['rejected']}"
         )
     return lines
 

@@ -78,15 +78,16 @@ def _pooled_engine(postgres_url: str, token_provider: Any) -> db.Engine:
 
 class _PooledStorage:
     """A dagster-postgres storage (the class after this one in the bases) on a pooled engine,
-    asking whether its tables have columns of a later migration in one catalog query of their
-    column names (not a reflection of the table), and not again once they have."""
+    asking whether a table or its columns of a later migration exist in one catalog query of
+    the table's column names (not a reflection of the table), and not again once they do."""
 
     _engine: db.Engine
     _token_provider: Any
     postgres_url: str
 
     def __init__(self, postgres_url: str, *args: Any, **kwargs: Any) -> None:
-        self._columns_present: set[tuple[str, str]] = set()
+        # The columns of the tables known to exist.
+        self._columns: dict[str, frozenset[str]] = {}
         super().__init__(postgres_url, *args, **kwargs)  # type: ignore[call-arg]
         self._engine.dispose()
         self._engine = _pooled_engine(self.postgres_url, self._token_provider)
@@ -95,12 +96,20 @@ class _PooledStorage:
     def from_config_value(cls, inst_data: ConfigurableClassData | None, config_value: Any) -> Any:
         return cls(**_storage_args(config_value), inst_data=inst_data)
 
-    def _has_columns(self, table: str, *columns: str) -> bool:
-        if not all((table, column) in self._columns_present for column in columns):
+    def _columns_of(self, table: str, wanted: frozenset[str] = frozenset()) -> frozenset[str]:
+        """The table's columns (none when it does not exist), asked again while the table or
+        a `wanted` column is missing."""
+        known = self._columns.get(table, frozenset())
+        if not known or not wanted <= known:
             with create_pg_connection(self._engine) as conn:
-                names = conn.execute(COLUMNS_SQL, {"table": table}).scalars()
-                self._columns_present.update((table, name) for name in names)
-        return all((table, column) in self._columns_present for column in columns)
+                known = frozenset(conn.execute(COLUMNS_SQL, {"table": table}).scalars())
+            if known:
+                self._columns[table] = known
+        return known
+
+    def _has_columns(self, table: str, *columns: str) -> bool:
+        wanted = frozenset(columns)
+        return wanted <= self._columns_of(table, wanted)
 
     def dispose(self) -> None:
         super().dispose()  # type: ignore[misc]
@@ -108,17 +117,10 @@ class _PooledStorage:
 
 
 class PooledPostgresEventLogStorage(_PooledStorage, PostgresEventLogStorage):
-    def __init__(self, postgres_url: str, *args: Any, **kwargs: Any) -> None:
-        self._tables_present: set[str] = set()
-        super().__init__(postgres_url, *args, **kwargs)
-
     def has_table(self, table_name: str) -> bool:
-        """Dagster asks whether a table of a later migration exists (asset checks, event tags)
-        before storing many events, a catalog query each time. A table that exists stays; a
-        missing one is asked again, since a migration may create it."""
-        if table_name not in self._tables_present and super().has_table(table_name):
-            self._tables_present.add(table_name)
-        return table_name in self._tables_present
+        # Asked before storing each asset check event (two per dbt test) and each event with
+        # indexed tags.
+        return bool(self._columns_of(table_name))
 
     @cached_property
     def has_default_pool_limit_col(self) -> bool:
