@@ -6,12 +6,16 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import time
 
 import dagster as dg
+import psycopg
 import pytest
+import sqlalchemy
 from dagster._serdes import serialize_value
 from sqlalchemy import event
 
+from cdp_assets.lib.dagster_storage import PING_AFTER_IDLE_SECONDS
 from cdp_assets.lib.executor import PRELOADED
 
 
@@ -102,6 +106,46 @@ def test_runs_reuse_a_connection_and_ask_for_the_runs_columns_once(instance):
     finally:
         event.remove(storage._engine, "connect", connected)
         event.remove(storage._engine, "before_cursor_execute", executed)
+
+
+def test_a_connection_is_pinged_only_after_sitting_idle_and_replaced_if_the_server_dropped_it(
+    instance, warehouse_url, monkeypatch
+):
+    """Events written back to back reuse the pooled connection without a round trip first; one
+    idle longer than PING_AFTER_IDLE_SECONDS is pinged, and one the server terminated is
+    replaced before the write."""
+    storage = instance.event_log_storage
+    dialect = storage._engine.dialect
+    pings = []
+    ping = dialect.do_ping
+
+    def counted(dbapi_connection) -> bool:
+        pings.append(1)
+        return ping(dbapi_connection)
+
+    monkeypatch.setattr(dialect, "do_ping", counted)
+
+    def materialize(n: int) -> None:
+        instance.report_runless_asset_event(
+            dg.AssetMaterialization(asset_key="ping_probe", metadata={"n": n})
+        )
+
+    materialize(0)
+    time.sleep(PING_AFTER_IDLE_SECONDS * 2)
+    pings.clear()
+    for n in range(1, 21):
+        materialize(n)
+    # The first write after the pause pings; the 19 after it, back to back, do not.
+    assert 1 <= len(pings) <= 2
+    # The pool keeps one connection (POOL_SIZE): its server process is terminated.
+    with storage._engine.connect() as pooled:
+        pid = pooled.execute(sqlalchemy.text("SELECT pg_backend_pid()")).scalar()
+    with psycopg.connect(warehouse_url, autocommit=True) as admin:
+        assert admin.execute("SELECT pg_terminate_backend(%s)", (pid,)).fetchone() == (True,)
+    time.sleep(PING_AFTER_IDLE_SECONDS * 2)
+    materialize(21)
+    stored = instance.fetch_materializations(dg.AssetKey("ping_probe"), limit=100).records
+    assert sorted(r.asset_materialization.metadata["n"].value for r in stored) == list(range(22))
 
 
 batch_partitions = dg.StaticPartitionsDefinition(["p1", "p2", "p3", "p4"])
