@@ -7,27 +7,68 @@ with backoff (the client never retries it); the per-day quota is not worth waiti
 
 Full replace follows Google's documented safe flow: note a time T, ingest every member,
 then remove the members whose last addition is older than T.
+
+For the loopback sandbox the clients get an insecure channel: the library dials only TLS with
+credentials, and with a channel given its transport never looks for credentials.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import grpc
 from google.ads import datamanager_v1 as dm
+from google.ads.datamanager_v1.services.ingestion_service.transports import (
+    IngestionServiceGrpcTransport,
+)
+from google.ads.datamanager_v1.services.user_list_service.transports import (
+    UserListServiceGrpcTransport,
+)
 from google.api_core import exceptions as gexc
 from google.protobuf import duration_pb2
 
 from cdp_assets.activation.destinations import Destination, DestinationAudience
 from cdp_assets.activation.sync import BatchResult, Row
-from cdp_assets.google.clients import DataManagerClients
 from cdp_assets.lib.retry import with_backoff
 
 BATCH_SIZE = 10_000  # documented members per request
 MEMBERSHIP_DAYS = 540  # Customer Match maximum
 MEMBER_FIELD = re.compile(r"^audience_members\[(\d+)\]")
+
+
+@dataclass(frozen=True)
+class DataManagerClients:
+    ingestion: dm.IngestionServiceClient
+    user_lists: dm.UserListServiceClient
+
+
+def data_manager_clients(
+    sandbox_address: str | None = None, credentials: Any = None
+) -> DataManagerClients:
+    """Clients for the Data Manager API; ``credentials`` None means application defaults."""
+    if sandbox_address:
+        return DataManagerClients(
+            dm.IngestionServiceClient(
+                transport=IngestionServiceGrpcTransport(
+                    channel=grpc.insecure_channel(sandbox_address)
+                )
+            ),
+            dm.UserListServiceClient(
+                transport=UserListServiceGrpcTransport(
+                    channel=grpc.insecure_channel(sandbox_address)
+                )
+            ),
+        )
+    return DataManagerClients(
+        dm.IngestionServiceClient(credentials=credentials),
+        dm.UserListServiceClient(credentials=credentials),
+    )
+
+
 RETRYABLE = (gexc.ServiceUnavailable, gexc.DeadlineExceeded, gexc.InternalServerError)
 CALL_TIMEOUT = 120.0
 

@@ -5,14 +5,25 @@ Data Manager API (`data_manager.py`). Each batch is its own job (create with con
 operations with partial failure, run, wait), so a member is recorded as confirmed only once
 Google finished processing it; adds and removes never share a job, as Google advises.
 The operations Google rejects (partial failure, by index) are recorded and re-sent next run.
+
+For the loopback sandbox the services get an insecure channel (the library dials only TLS
+with credentials), which keeps the library's own interceptors: the metadata one adds the
+developer token and login customer id, the exception one turns failures into
+``GoogleAdsException``. Importing this module takes most of a second (Google Ads' generated
+clients): only a push to a `google_ads` destination does.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
+import grpc
+from google.ads.googleads.client import GoogleAdsClient
 from google.ads.googleads.errors import GoogleAdsException
+from google.ads.googleads.interceptors.exception_interceptor import ExceptionInterceptor
+from google.ads.googleads.interceptors.metadata_interceptor import MetadataInterceptor
 from google.ads.googleads.v26.common.types.consent import Consent
 from google.ads.googleads.v26.common.types.offline_user_data import (
     CustomerMatchUserListMetadata,
@@ -23,6 +34,20 @@ from google.ads.googleads.v26.common.types.user_lists import CrmBasedUserListInf
 from google.ads.googleads.v26.errors.types.errors import GoogleAdsFailure
 from google.ads.googleads.v26.resources.types.offline_user_data_job import OfflineUserDataJob
 from google.ads.googleads.v26.resources.types.user_list import UserList
+from google.ads.googleads.v26.services.services.google_ads_service import GoogleAdsServiceClient
+from google.ads.googleads.v26.services.services.google_ads_service.transports import (
+    GoogleAdsServiceGrpcTransport,
+)
+from google.ads.googleads.v26.services.services.offline_user_data_job_service import (
+    OfflineUserDataJobServiceClient,
+)
+from google.ads.googleads.v26.services.services.offline_user_data_job_service.transports import (
+    OfflineUserDataJobServiceGrpcTransport,
+)
+from google.ads.googleads.v26.services.services.user_list_service import UserListServiceClient
+from google.ads.googleads.v26.services.services.user_list_service.transports import (
+    UserListServiceGrpcTransport,
+)
 from google.ads.googleads.v26.services.types.offline_user_data_job_service import (
     AddOfflineUserDataJobOperationsRequest,
     OfflineUserDataJobOperation,
@@ -32,12 +57,55 @@ from google.api_core import exceptions as gexc
 
 from cdp_assets.activation.destinations import Destination, DestinationAudience
 from cdp_assets.activation.sync import BatchResult, Row
-from cdp_assets.google.clients import GoogleAdsServices
 from cdp_assets.lib.retry import with_backoff
 
 # 2 identifiers per operation: 50,000 operations stay under the 100,000 identifiers a
 # request may carry; Google suggests about 10,000 per request for speed.
 BATCH_SIZE = 10_000
+ADS_VERSION = "v26"
+
+
+@dataclass(frozen=True)
+class GoogleAdsServices:
+    user_lists: UserListServiceClient
+    jobs: OfflineUserDataJobServiceClient
+    search: GoogleAdsServiceClient
+
+
+def google_ads_services(
+    developer_token: str,
+    login_customer_id: str | None,
+    sandbox_address: str | None = None,
+    credentials: Any = None,
+) -> GoogleAdsServices:
+    """The three services of the Customer Match flow, pinned to one API version."""
+    if sandbox_address:
+        channel = grpc.intercept_channel(
+            grpc.insecure_channel(sandbox_address),
+            MetadataInterceptor(developer_token, login_customer_id, None),
+            ExceptionInterceptor(ADS_VERSION, use_proto_plus=True),
+        )
+        return GoogleAdsServices(
+            UserListServiceClient(transport=UserListServiceGrpcTransport(channel=channel)),
+            OfflineUserDataJobServiceClient(
+                transport=OfflineUserDataJobServiceGrpcTransport(channel=channel)
+            ),
+            GoogleAdsServiceClient(transport=GoogleAdsServiceGrpcTransport(channel=channel)),
+        )
+    client = GoogleAdsClient(
+        credentials=credentials,
+        developer_token=developer_token,
+        login_customer_id=login_customer_id,
+        use_proto_plus=True,
+        version=ADS_VERSION,
+    )
+    return GoogleAdsServices(
+        client.get_service("UserListService"),
+        client.get_service("OfflineUserDataJobService"),
+        client.get_service("GoogleAdsService"),
+    )
+
+
 MEMBERSHIP_DAYS = 540
 JOB_TIMEOUT_SECONDS = 6 * 3600  # jobs can take hours on Google's side
 RETRYABLE = (
