@@ -38,6 +38,8 @@ from cdp_assets.lib.retry import with_backoff
 BATCH_SIZE = 10_000  # documented members per request
 MEMBERSHIP_DAYS = 540  # Customer Match maximum
 MEMBER_FIELD = re.compile(r"^audience_members\[(\d+)\]")
+RETRYABLE = (gexc.ServiceUnavailable, gexc.DeadlineExceeded, gexc.InternalServerError)
+CALL_TIMEOUT = 120.0
 
 
 @dataclass(frozen=True)
@@ -67,10 +69,6 @@ def data_manager_clients(
         dm.IngestionServiceClient(credentials=credentials),
         dm.UserListServiceClient(credentials=credentials),
     )
-
-
-RETRYABLE = (gexc.ServiceUnavailable, gexc.DeadlineExceeded, gexc.InternalServerError)
-CALL_TIMEOUT = 120.0
 
 
 def retryable(error: Exception) -> bool:

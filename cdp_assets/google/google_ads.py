@@ -63,6 +63,14 @@ from cdp_assets.lib.retry import with_backoff
 # request may carry; Google suggests about 10,000 per request for speed.
 BATCH_SIZE = 10_000
 ADS_VERSION = "v26"
+MEMBERSHIP_DAYS = 540
+JOB_TIMEOUT_SECONDS = 6 * 3600  # jobs can take hours on Google's side
+RETRYABLE = (
+    gexc.TooManyRequests,  # RESOURCE_EXHAUSTED: the library never converts it
+    gexc.ServiceUnavailable,
+    gexc.InternalServerError,
+    gexc.DeadlineExceeded,
+)
 
 
 @dataclass(frozen=True)
@@ -104,16 +112,6 @@ def google_ads_services(
         client.get_service("OfflineUserDataJobService"),
         client.get_service("GoogleAdsService"),
     )
-
-
-MEMBERSHIP_DAYS = 540
-JOB_TIMEOUT_SECONDS = 6 * 3600  # jobs can take hours on Google's side
-RETRYABLE = (
-    gexc.TooManyRequests,  # RESOURCE_EXHAUSTED: the library never converts it
-    gexc.ServiceUnavailable,
-    gexc.InternalServerError,
-    gexc.DeadlineExceeded,
-)
 
 
 def retryable(error: Exception) -> bool:

@@ -175,7 +175,7 @@ class PooledPostgresEventLogStorage(_PooledStorage, PostgresEventLogStorage):
     def _store_planned_materializations(self, events: Sequence[EventLogEntry]) -> None:
         """What `store_event` does for each, in one INSERT and one index transaction: each
         asset's entry records its last planned event (the run that will materialize it)."""
-        with create_pg_connection(self._engine) as conn:
+        with self._connect() as conn:
             event_ids = list(
                 conn.execute(
                     self.prepare_insert_event_batch(events).returning(SqlEventLogStorageTable.c.id)
