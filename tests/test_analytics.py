@@ -260,6 +260,13 @@ PROFILES_SQL = """
     SELECT to_jsonb(p) - 'built_at' FROM intermediate.int_customers__profiles p
      WHERE p.tenant_id = 'an_big' ORDER BY p.customer_key
 """
+PURCHASES_SQL = """
+    SELECT to_jsonb(p) - 'built_at' FROM intermediate.int_orders__purchases p
+     WHERE p.tenant_id = 'an_big' ORDER BY p.order_id
+"""
+PURCHASE_ROWS_SQL = (
+    "SELECT order_id, xmin::text FROM intermediate.int_orders__purchases WHERE tenant_id = 'an_big'"
+)
 PROFILE_ROWS_SQL = (
     "SELECT customer_key, xmin::text FROM intermediate.int_customers__profiles"
     " WHERE tenant_id = 'an_big'"
@@ -288,8 +295,8 @@ def test_identity_refresh_resolves_only_the_customers_a_change_touches(
 ):
     """An order taking another customer's document merges the two customers; an order losing
     its userProfileId becomes a guest record of its own. The refresh rewrites only the rows
-    of the records and customers concerned, and leaves both identity tables and the customers'
-    profiles exactly as a full rebuild would."""
+    of the records, customers and orders concerned, and leaves both identity tables, the
+    customers' profiles and the purchases exactly as a full rebuild would."""
     customers: dict[str, tuple[str, str]] = {}
     for order_id, profile, customer_key in conn.execute(LATEST_ORDERS_SQL):
         customers.setdefault(customer_key, (order_id, profile))
@@ -306,6 +313,7 @@ def test_identity_refresh_resolves_only_the_customers_a_change_touches(
         for table in ("int_identity__records", "int_identity__customer_keys")
     }
     profile_versions = dict(conn.execute(PROFILE_ROWS_SQL).fetchall())
+    purchase_versions = dict(conn.execute(PURCHASE_ROWS_SQL).fetchall())
     take_document = (
         "jsonb_set({column}, '{{clientProfileData,document}}', (SELECT payload -> "
         "'clientProfileData' -> 'document' FROM raw_vtex.orders WHERE tenant_id = 'an_big'"
@@ -353,19 +361,37 @@ def test_identity_refresh_resolves_only_the_customers_a_change_touches(
         assert keys[f"profile:{merged_profile}"] in rewritten_profiles
         assert keys[f"order:{guest}"] in rewritten_profiles
         assert len(rewritten_profiles) < len(profiles) / 20
+        # The orders of the merged customer (some changed customer_key) and the guest order
+        # rebuilt; the other customers' orders kept as they were.
+        purchases = dict(
+            conn.execute(
+                "SELECT order_id, customer_key FROM intermediate.int_orders__purchases"
+                " WHERE tenant_id = 'an_big'"
+            ).fetchall()
+        )
+        rewritten_purchases = _rewritten(
+            purchase_versions, dict(conn.execute(PURCHASE_ROWS_SQL).fetchall())
+        )
+        merged_orders = {o for o, k in purchases.items() if k == keys[f"profile:{merged_profile}"]}
+        assert merged in merged_orders
+        assert merged_orders | {guest} <= rewritten_purchases
+        assert len(rewritten_purchases) < len(purchases) / 20
         incremental = conn.execute(IDENTITY_SQL).fetchall()
         incremental_profiles = conn.execute(PROFILES_SQL).fetchall()
+        incremental_purchases = conn.execute(PURCHASES_SQL).fetchall()
         conn.commit()  # the full refresh replaces the tables: no read may hold them
         run_dbt(
             warehouse_url,
             "run",
             "--full-refresh",
             "--select",
-            "int_identity__records int_identity__customer_keys int_customers__profiles",
+            "int_identity__records int_identity__customer_keys int_customers__profiles"
+            " int_orders__purchases",
         )
         conn.commit()
         assert conn.execute(IDENTITY_SQL).fetchall() == incremental
         assert conn.execute(PROFILES_SQL).fetchall() == incremental_profiles
+        assert conn.execute(PURCHASES_SQL).fetchall() == incremental_purchases
     finally:
         for order_id, payload, summary in originals:
             conn.execute(

@@ -12,6 +12,15 @@
 {%- endmacro %}
 
 
+{#- A post-hook of stg_vtex__orders: its orders by identity record, on the expression of macro
+    order_record_id itself, so that int_orders__purchases reads the orders of the few records
+    rebuilt since its last build by index, not every order. -#}
+{% macro order_record_index() -%}
+    create index if not exists {{ this.identifier }}_record_id_idx
+        on {{ this }} (tenant_id, ({{ order_record_id('user_profile_id', 'order_id') }}))
+{%- endmacro %}
+
+
 {#-
     The contact columns of an identity record, from a row aliased `alias` with email_raw,
     document, document_type, phone_raw, first_name and last_name (an order's contact or a

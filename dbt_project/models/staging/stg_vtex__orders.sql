@@ -1,4 +1,5 @@
 -- One row per order: the Get-order document flattened, money from integer cents to units.
+{{ config(post_hook="{{ order_record_index() }}") }}
 with orders as (
     select *
     from {{ landed_since_staged(source('raw_vtex', 'orders'), 'order_id') }} as raw_orders
