@@ -118,10 +118,12 @@
 {#-
     A post-hook: an index for reading a table's rows by key, created once and kept through
     every incremental run (dbt's `indexes` config builds one only with a new table, under a new
-    name each time).
+    name each time). `unique`: the key is the table's grain, and a write that would repeat it
+    fails; the model's uniqueness test then reads the index alone, in key order, instead of
+    sorting or hashing the table.
 -#}
-{% macro key_index(columns) -%}
-    create index if not exists {{ this.identifier }}_{{ columns | join('_') }}_idx
+{% macro key_index(columns, unique=false) -%}
+    create {{ 'unique ' if unique }}index if not exists {{ this.identifier }}_{{ columns | join('_') }}_idx
         on {{ this }} ({{ columns | join(', ') }})
 {%- endmacro %}
 

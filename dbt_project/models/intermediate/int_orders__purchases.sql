@@ -13,6 +13,19 @@
 -- - every order of the records resolved again since (int_identity__customer_keys): a merge
 --   or split of customers moves them to another customer_key.
 -- Keyed like the table, delete+insert replaces exactly those orders.
+-- Indexed by key (what delete+insert finds the replaced rows by, and the grain) and by each
+-- tenant's latest build. Created before an incremental run too: a table built before they
+-- existed (an upgrade) was searched by nested loops over every row.
+{{ config(
+    pre_hook=[
+        "{{ key_index(['tenant_id', 'order_id'], unique=true) if is_incremental() }}",
+        "{{ key_index(['tenant_id', 'built_at']) if is_incremental() }}",
+    ],
+    post_hook=[
+        "{{ key_index(['tenant_id', 'order_id'], unique=true) }}",
+        "{{ key_index(['tenant_id', 'built_at']) }}",
+    ],
+) }}
 -- depends_on: {{ ref('int_identity__records') }}
 -- depends_on: {{ ref('stg_cdp__tenants') }}
 {% if is_incremental() %}

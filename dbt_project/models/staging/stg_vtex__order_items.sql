@@ -1,4 +1,7 @@
 -- One row per order line (items[] of the Get-order document), prices from cents to units.
+-- Its grain as a unique index: the incremental key is the order (its lines are replaced
+-- together), and the uniqueness test over three million lines reads this index alone.
+{{ config(post_hook="{{ key_index(['tenant_id', 'order_id', 'item_index'], unique=true) }}") }}
 with orders as (
     select *
     from {{ landed_since_staged(source('raw_vtex', 'orders'), 'order_id') }} as raw_orders
