@@ -60,8 +60,8 @@ built_purchases as (
 ),
 
 -- Records built since (their orders are compared with their rows) or resolved since (their
--- orders are all rebuilt). Materialized: a few thousand rows, which the planner is to hash
--- and probe with the orders, rather than join every order first.
+-- orders are all rebuilt). Materialized: a few thousand rows, whose orders the planner then
+-- reads by the staged orders' record index, rather than joining every order first.
 records_to_build as materialized (
     select tenant_id, record_id, bool_or(is_resolved) as is_resolved
     from (
