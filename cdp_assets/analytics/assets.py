@@ -4,13 +4,15 @@
 import json
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from datetime import UTC, datetime
 
 import dagster as dg
 import psycopg
-from dagster_dbt import DbtCliResource, dbt_assets
+from dagster_dbt import dbt_assets
 
 from cdp_assets.analytics.dbt_project import (
+    CdpDbtCliResource,
     dbt_connection_env,
     dbt_project,
     ensure_manifest,
@@ -25,6 +27,7 @@ from cdp_assets.tenants.registry import SLUG
 MANIFEST = ensure_manifest()
 # Read by macro run_var.
 RUN_VARS_ENV = "CDP_DBT_RUN_VARS"
+WRITE_JSON_ENV = "DBT_WRITE_JSON"
 # Models by folder; their tests come by (cautious) indirect selection, so a test declared
 # in a folder's YAML runs only with the asset that builds all of the models it reads.
 TENANT_MODELS = " ".join(
@@ -60,8 +63,23 @@ def run_tenants(context: dg.AssetExecutionContext) -> list[str]:
     return sorted(context.partition_keys)
 
 
+@contextmanager
+def _environment(values: Mapping[str, str]) -> Iterator[None]:
+    """`values` in os.environ meanwhile, what was there before restored after."""
+    previous = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in previous.items():
+            if value is None:
+                del os.environ[name]
+            else:
+                os.environ[name] = value
+
+
 def _run_dbt(
-    context: dg.AssetExecutionContext, dbt: DbtCliResource, tenant_ids: Sequence[str] | None
+    context: dg.AssetExecutionContext, dbt: CdpDbtCliResource, tenant_ids: Sequence[str] | None
 ):
     os.environ.update(dbt_connection_env(migrated_url()))
     # Cautious: a test joining a model of another asset (churn_risk -> customers) runs with
@@ -77,15 +95,14 @@ def _run_dbt(
     # Not `--vars`: dbt re-parses the whole project whenever those change (see run_var). Only
     # this invocation's environment holds them: a later dbt command of this process (a unit
     # test overriding tenant_id with null, say) must not inherit this run's tenants.
-    previous = os.environ.get(RUN_VARS_ENV)
-    os.environ[RUN_VARS_ENV] = dbt_vars(tenant_ids)
-    try:
-        invocation = dbt.cli(args, context=context)  # the dbt process starts here
-    finally:
-        if previous is None:
-            del os.environ[RUN_VARS_ENV]
-        else:
-            os.environ[RUN_VARS_ENV] = previous
+    # Nor does it write manifest.json (twice per build, 0.6 s each) and run_results.json: the
+    # event log holds each node's result. DBT_WRITE_JSON=true in the environment writes them.
+    run_environment = {
+        RUN_VARS_ENV: dbt_vars(tenant_ids),
+        WRITE_JSON_ENV: os.environ.get(WRITE_JSON_ENV, "false"),
+    }
+    with _environment(run_environment):
+        invocation = dbt.forked_cli(args, context=context)  # the dbt command starts here
     yield from invocation.stream()
     keep_parse(invocation.target_path)
 
@@ -175,7 +192,7 @@ def _with_metadata(
 @dbt_assets(
     name="dbt_tenant_models", select=TENANT_MODELS, exclude=NOT_IN_TENANT_MODELS, **_tenant_dbt
 )
-def dbt_tenant_models(context: dg.AssetExecutionContext, dbt: DbtCliResource):
+def dbt_tenant_models(context: dg.AssetExecutionContext, dbt: CdpDbtCliResource):
     """Staging, identity resolution, customers and RFM segments for the run's tenants."""
     tenant_ids = run_tenants(context)
     events = _run_dbt(context, dbt, tenant_ids)
@@ -185,19 +202,19 @@ def dbt_tenant_models(context: dg.AssetExecutionContext, dbt: DbtCliResource):
 
 
 @dbt_assets(name="dbt_tenant_scoring", select=SCORING_MODELS, **_tenant_dbt)
-def dbt_tenant_scoring(context: dg.AssetExecutionContext, dbt: DbtCliResource):
+def dbt_tenant_scoring(context: dg.AssetExecutionContext, dbt: CdpDbtCliResource):
     """Churn risk for the run's tenants, from their history and the fitted P(alive)."""
     yield from _run_dbt(context, dbt, run_tenants(context))
 
 
 @dbt_assets(name="dbt_holdout_summary", select=HOLDOUT_SUMMARY_MODEL, **_tenant_dbt)
-def dbt_holdout_summary(context: dg.AssetExecutionContext, dbt: DbtCliResource):
+def dbt_holdout_summary(context: dg.AssetExecutionContext, dbt: CdpDbtCliResource):
     """The run's tenants' purchase summary as of the churn holdout's calibration date."""
     yield from _run_dbt(context, dbt, run_tenants(context))
 
 
 @dbt_assets(name="dbt_churn_holdout", select=HOLDOUT_MODEL, **_tenant_dbt)
-def dbt_churn_holdout(context: dg.AssetExecutionContext, dbt: DbtCliResource):
+def dbt_churn_holdout(context: dg.AssetExecutionContext, dbt: CdpDbtCliResource):
     """The churn bands as of the calibration date beside who bought again since."""
     tenant_ids = run_tenants(context)
     events = _run_dbt(context, dbt, tenant_ids)
@@ -214,7 +231,7 @@ def dbt_churn_holdout(context: dg.AssetExecutionContext, dbt: DbtCliResource):
     dagster_dbt_translator=translator,
     pool=DBT_POOL,
 )
-def dbt_audiences(context: dg.AssetExecutionContext, dbt: DbtCliResource):
+def dbt_audiences(context: dg.AssetExecutionContext, dbt: CdpDbtCliResource):
     """Audience materialized views over every tenant, refreshed whole, or concurrently
     beside a reader in one."""
     yield from _run_dbt(context, dbt, None)

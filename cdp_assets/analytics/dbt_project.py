@@ -16,13 +16,20 @@ import dagster as dg
 from dagster_dbt import (
     DagsterDbtTranslator,
     DagsterDbtTranslatorSettings,
+    DbtCliInvocation,
     DbtCliResource,
     DbtProject,
+)
+from dagster_dbt.asset_utils import (
+    DBT_INDIRECT_SELECTION_ENV,
+    extract_runtime_selection_from_args,
+    get_updated_cli_invocation_params_for_context,
 )
 from filelock import FileLock
 from packaging.version import Version
 
 from cdp_assets.analytics.automation import ANALYTICS_AUTOMATION
+from cdp_assets.analytics.dbt_fork import ForkedDbt
 
 DBT_PROJECT_DIR = Path(__file__).resolve().parents[2] / "dbt_project"
 # The dbt installed beside this interpreter, whether or not its folder is on PATH.
@@ -45,8 +52,58 @@ class CdpDbtCliResource(DbtCliResource):
     def _initialize_dbt_core_adapter(self, args: Sequence[str]) -> None:
         return None
 
+    def forked_cli(
+        self, args: Sequence[str], *, context: dg.AssetExecutionContext
+    ) -> DbtCliInvocation:
+        """`cli(args, context=context)`, its dbt command run in a child forked from this
+        process (dbt_fork.py) with the arguments and environment `cli` gives its subprocess.
+        For a step's process: one running server threads (the webserver's, gRPC's) is not
+        one to fork."""
+        if not hasattr(os, "fork"):
+            return self.cli(args, context=context)
+        args, selects, excludes = extract_runtime_selection_from_args(args)
+        params = get_updated_cli_invocation_params_for_context(
+            context=context,
+            manifest={},
+            dagster_dbt_translator=DagsterDbtTranslator(),
+            runtime_selects=selects,
+            runtime_excludes=excludes,
+        )
+        # A large selection runs in a copy of the project holding a generated selector.
+        project_dir = Path((params.dbt_project or dbt_project).project_dir)
+        target_path = project_dir / self._get_unique_target_path(context=context)
+        env = {
+            **os.environ,
+            "DAGSTER_DBT_CLI": "true",
+            "DBT_SEND_ANONYMOUS_USAGE_STATS": "false",
+            "DBT_LOG_FORMAT": "json",
+            "DBT_TARGET_PATH": str(target_path),
+            "DBT_LOG_PATH": str(target_path),
+            "DBT_PROJECT_DIR": str(project_dir),
+            **({"DBT_PROFILES_DIR": self.profiles_dir} if self.profiles_dir else {}),
+        }
+        if params.indirect_selection:
+            env[DBT_INDIRECT_SELECTION_ENV] = params.indirect_selection
+        # dbt re-reads only the files changed since the project's last parse (keep_parse).
+        kept_parse = project_dir / dbt_project.target_path / PARTIAL_PARSE
+        if kept_parse.exists():
+            target_path.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(kept_parse, target_path / PARTIAL_PARSE)
+        command = [self.dbt_executable, *self.global_config_flags, *args, *params.selection_args]
+        return DbtCliInvocation(
+            process=ForkedDbt(command, env, project_dir),  # type: ignore[arg-type] (Popen's part)
+            manifest=params.manifest,
+            dagster_dbt_translator=params.dagster_dbt_translator,
+            project_dir=project_dir,
+            target_path=target_path,
+            raise_on_error=True,
+            cli_version=self._cli_version,
+            project=params.dbt_project,
+            context=context,
+        )
 
-def dbt_resource() -> DbtCliResource:
+
+def dbt_resource() -> CdpDbtCliResource:
     return CdpDbtCliResource(project_dir=dbt_project, dbt_executable=DBT_EXECUTABLE)
 
 

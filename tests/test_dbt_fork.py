@@ -1,0 +1,116 @@
+"""dbt commands in a child forked from the step process (analytics/dbt_fork.py): the child
+answers as the `dbt` process would, stops as it does, and leaves its parent's connections
+alone."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+import uuid
+
+import psycopg
+import pytest
+
+from cdp_assets.analytics.dbt_fork import ForkedDbt
+from cdp_assets.analytics.dbt_project import DBT_EXECUTABLE, DBT_PROJECT_DIR, dbt_connection_env
+
+
+def dbt_command(*args: str) -> list[str]:
+    return [DBT_EXECUTABLE, *args, "--profiles-dir", str(DBT_PROJECT_DIR), "--log-format", "json"]
+
+
+@pytest.fixture
+def dbt_env(warehouse_url: str, tmp_path) -> dict[str, str]:  # noqa: ANN001
+    return {
+        **os.environ,
+        **dbt_connection_env(warehouse_url),
+        "DO_NOT_TRACK": "1",
+        "DBT_TARGET_PATH": str(tmp_path / "target"),
+        "DBT_LOG_PATH": str(tmp_path / "target"),
+    }
+
+
+def events(output: bytes) -> list[dict]:
+    """dbt's JSON log lines (the rest is Python's warnings, on stderr), and no traceback."""
+    assert b"Traceback" not in output, output.decode()[-3000:]
+    return [json.loads(line) for line in output.decode().splitlines() if line.startswith("{")]
+
+
+def read_meanwhile(forked: ForkedDbt) -> threading.Thread:
+    """Its output read as it comes (as dagster-dbt does): a full pipe would stop the child."""
+    reader = threading.Thread(target=forked.stdout.read, daemon=True)
+    reader.start()
+    return reader
+
+
+@pytest.mark.parametrize(
+    ("query", "succeeds"),
+    [("select 41 + 1 as answer", True), ("select * from no_such_relation", False)],
+)
+def test_forked_dbt_answers_as_the_dbt_process(
+    dbt_env: dict[str, str], query: str, succeeds: bool
+) -> None:
+    command = dbt_command("show", "--inline", query, "--output", "json")
+    spawned = subprocess.run(command, env=dbt_env, cwd=DBT_PROJECT_DIR, capture_output=True)
+    forked = ForkedDbt(command, dbt_env, DBT_PROJECT_DIR)
+    with forked.stdout:
+        output = forked.stdout.read()
+    assert forked.wait() == spawned.returncode
+    assert (forked.returncode == 0) == succeeds
+    forked_events = events(output)
+    nodes = {"ShowNode", "SQLRunnerException", "CompiledNode"}
+    assert [e["info"]["name"] for e in forked_events if e["info"]["name"] in nodes] == [
+        e["info"]["name"] for e in events(spawned.stdout) if e["info"]["name"] in nodes
+    ]
+    # The events come from the child, not from this process.
+    assert {e["info"]["pid"] for e in forked_events} == {forked.pid}
+    shown = [e["data"] for e in forked_events if e["info"]["name"] == "ShowNode"]
+    if succeeds:
+        assert json.loads(shown[0]["preview"]) == [{"answer": 42}]
+    else:
+        assert not shown
+        assert any("no_such_relation" in e["info"]["msg"] for e in forked_events)
+
+
+def test_an_interrupted_forked_dbt_cancels_its_query(
+    dbt_env: dict[str, str], warehouse_url: str
+) -> None:
+    # Autocommit: a transaction would see one snapshot of pg_stat_activity throughout.
+    conn = psycopg.connect(warehouse_url, autocommit=True)
+    marker = f"sleeping_{uuid.uuid4().hex[:8]}"
+    query = f"select pg_sleep(120) as {marker}"
+    forked = ForkedDbt(dbt_command("show", "--inline", query), dbt_env, DBT_PROJECT_DIR)
+    reader = read_meanwhile(forked)
+    running = (
+        "SELECT count(*) FROM pg_stat_activity WHERE query LIKE %s AND pid <> pg_backend_pid()"
+    )
+    deadline = time.monotonic() + 60
+    while conn.execute(running, (f"%{marker}%",)).fetchone()[0] == 0:
+        assert time.monotonic() < deadline, "the query never started"
+        assert forked.poll() is None, "dbt ended before its query started"
+        time.sleep(0.2)
+    started = time.monotonic()
+    forked.send_signal(signal.SIGINT)
+    code = forked.wait(timeout=30)
+    reader.join()
+    assert code != 0
+    assert time.monotonic() - started < 30  # not the two minutes of the query
+    assert conn.execute(running, (f"%{marker}%",)).fetchone()[0] == 0
+    conn.close()
+
+
+def test_the_parents_connection_outlives_a_forked_dbt(
+    dbt_env: dict[str, str], warehouse_url: str
+) -> None:
+    with psycopg.connect(warehouse_url, autocommit=True) as parent:
+        before = parent.execute("SELECT pg_backend_pid()").fetchone()[0]
+        forked = ForkedDbt(dbt_command("show", "--inline", "select 1"), dbt_env, DBT_PROJECT_DIR)
+        read_meanwhile(forked).join()
+        assert forked.wait() == 0
+        # The child inherited the connection's socket; had it closed the connection on its
+        # way out, the server would have ended this session.
+        assert parent.execute("SELECT pg_backend_pid()").fetchone()[0] == before
