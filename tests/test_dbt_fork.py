@@ -11,6 +11,7 @@ import subprocess
 import threading
 import time
 import uuid
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -93,6 +94,8 @@ def test_an_interrupted_forked_dbt_cancels_its_query(
         assert time.monotonic() < deadline, "the query never started"
         assert forked.poll() is None, "dbt ended before its query started"
         time.sleep(0.2)
+    # Named as a `dbt` process's command line would name it (ps, the benchmark's report).
+    assert Path(f"/proc/{forked.pid}/comm").read_text().strip() == "dbt show"
     started = time.monotonic()
     forked.send_signal(signal.SIGINT)
     code = forked.wait(timeout=30)

@@ -19,6 +19,7 @@ import sys
 import time
 import traceback
 from collections.abc import Mapping, Sequence
+from contextlib import suppress
 from pathlib import Path
 from typing import NoReturn
 
@@ -70,6 +71,10 @@ def _run_dbt_cli(args: Sequence[str], env: Mapping[str, str], cwd: Path, output:
         # Objects inherited from the step (its database connections among them) are never
         # collected here: finalizing one would close the parent's connection under it.
         gc.freeze()
+        # Named for what it runs (in ps, top and the benchmark's memory report), as a `dbt`
+        # process's command line names it.
+        with suppress(OSError):  # Linux's /proc
+            Path("/proc/self/comm").write_text(" ".join(["dbt", *args[:1]])[:15])
         # The step's handlers would write to its event log through those connections, and
         # the step turns SIGINT into its own exception: dbt cancels its queries on
         # KeyboardInterrupt, as the `dbt` process does.

@@ -97,6 +97,7 @@ class ChildPeak:
             try:
                 status = Path(f"/proc/{pid}/status").read_text()
                 command = Path(f"/proc/{pid}/cmdline").read_bytes()
+                name = Path(f"/proc/{pid}/comm").read_text().strip()
             except OSError:  # it exited meanwhile
                 continue
             # A child caught between fork and exec still maps this process's pages
@@ -112,12 +113,15 @@ class ChildPeak:
                 # children, with the same command line.
                 self.server_peak_mb = max(self.server_peak_mb, peak)
             elif peak > self.peak_mb:
-                self.peak_mb, self.peak_process = peak, process_label(command)
+                self.peak_mb, self.peak_process = peak, process_label(command, name)
 
 
-def process_label(command: bytes) -> str:
-    """What a descendant is, from its NUL-separated command line: a dbt command, or a run
+def process_label(command: bytes, name: str = "") -> str:
+    """What a descendant is, from its NUL-separated command line and its name: a dbt command
+    (a dbt forked from its run worker has the worker's command line, and its name), or a run
     worker (a Python interpreter started by multiprocessing), or the program's name."""
+    if name.startswith("dbt "):
+        return name
     argv = [part.decode(errors="replace") for part in command.split(b"\0") if part]
     if not argv:
         return "?"
