@@ -11,6 +11,7 @@ from datetime import date
 from pathlib import Path
 
 import dagster as dg
+import psycopg
 import pytest
 import requests
 from psycopg.types.json import Jsonb
@@ -413,6 +414,75 @@ def test_customers_keep_one_index_by_tenant_and_key_through_refreshes(analytics,
     conn.commit()  # a fresh snapshot
     (definition,) = [row for (row,) in conn.execute(index_sql)]
     assert definition.endswith("(tenant_id, customer_key)")
+
+
+KEYED_TABLE = "intermediate.int_orders__purchases"
+KEY_TEST = "unique_combination_of_columns_int_orders__purchases_tenant_id__order_id"
+
+
+def test_a_keyed_tables_uniqueness_test_reads_nothing_while_its_key_holds(
+    analytics, conn, warehouse_url, tmp_path
+):
+    """The purchases keep (tenant_id, order_id) as their key: a unique index, both columns NOT
+    NULL. The uniqueness test then reads nothing; without the NOT NULL, a unique index lets
+    repeated NULL keys through, and the test scans and finds them."""
+    not_null = conn.execute(
+        "SELECT array_agg(attname::text ORDER BY attname) FROM pg_attribute"
+        " WHERE attrelid = %s::regclass AND attnotnull AND attname IN ('tenant_id', 'order_id')",
+        (KEYED_TABLE,),
+    ).fetchone()[0]
+    assert not_null == ["order_id", "tenant_id"]
+    with pytest.raises(psycopg.errors.UniqueViolation):
+        conn.execute(f"INSERT INTO {KEYED_TABLE} SELECT * FROM {KEYED_TABLE} LIMIT 1")
+    conn.rollback()
+    key_test = ("test", "--select", KEY_TEST, "--target-path", str(tmp_path))
+    assert f"PASS {KEY_TEST}" in run_dbt(warehouse_url, *key_test)
+    (compiled,) = (tmp_path / "compiled").rglob("*.sql")  # the selected test alone
+    assert "group by" not in compiled.read_text()
+
+    repeated = f"""INSERT INTO {KEYED_TABLE} (tenant_id, order_id, customer_key)
+        SELECT tenant_id, NULL, customer_key FROM {KEYED_TABLE} LIMIT 1"""
+    conn.execute(f"ALTER TABLE {KEYED_TABLE} ALTER COLUMN order_id DROP NOT NULL")
+    conn.execute(repeated)
+    conn.execute(repeated)
+    conn.commit()
+    try:
+        failed = run_dbt(warehouse_url, *key_test, succeeds=False)
+    finally:
+        conn.execute(f"DELETE FROM {KEYED_TABLE} WHERE order_id IS NULL")
+        conn.execute(f"ALTER TABLE {KEYED_TABLE} ALTER COLUMN order_id SET NOT NULL")
+        conn.commit()
+    assert f"FAIL 1 {KEY_TEST}" in failed
+    assert "group by" in compiled.read_text()
+
+
+def test_a_customer_key_in_two_tenants_fails_the_build(analytics, conn, warehouse_url):
+    """A key is hashed with its tenant: one found in two tenants (a join on the key alone
+    would cross them) fails the singular test."""
+    keys = "intermediate.int_identity__customer_keys"
+    (record,) = conn.execute(
+        f"SELECT record_id FROM {keys} WHERE tenant_id = 'an_big' ORDER BY record_id LIMIT 1"
+    ).fetchone()
+    moved = f"""UPDATE {keys} SET customer_key = (
+        SELECT customer_key FROM {keys} WHERE tenant_id = 'an_tiny' ORDER BY 1 LIMIT 1)
+        WHERE tenant_id = 'an_big' AND record_id = %s"""
+    conn.execute(f"CREATE TEMP TABLE saved AS SELECT * FROM {keys} WHERE record_id = %s", (record,))
+    conn.execute(moved, (record,))
+    conn.commit()
+    try:
+        failed = run_dbt(
+            warehouse_url, "test", "--select", "assert_customer_key_in_one_tenant", succeeds=False
+        )
+    finally:
+        conn.execute(
+            f"UPDATE {keys} k SET customer_key = s.customer_key FROM saved s"
+            " WHERE k.tenant_id = s.tenant_id AND k.record_id = s.record_id"
+        )
+        conn.commit()
+    assert "FAIL 1 assert_customer_key_in_one_tenant" in failed
+    assert "PASS assert_customer_key_in_one_tenant" in run_dbt(
+        warehouse_url, "test", "--select", "assert_customer_key_in_one_tenant"
+    )
 
 
 def test_a_tenants_run_tests_only_that_tenants_rows(

@@ -118,14 +118,61 @@
 {#-
     A post-hook: an index for reading a table's rows by key, created once and kept through
     every incremental run (dbt's `indexes` config builds one only with a new table, under a new
-    name each time). `unique`: the key is the table's grain, and a write that would repeat it
-    fails; the model's uniqueness test then reads the index alone, in key order, instead of
-    sorting or hashing the table.
+    name each time). `unique`: the columns are the table's key, unique and never NULL (a
+    write that would repeat one or leave one NULL fails), so the model's uniqueness test of
+    them needs no scan (unique_combination_of_columns). Setting NOT NULL scans the table,
+    once.
 -#}
 {% macro key_index(columns, unique=false) -%}
     create {{ 'unique ' if unique }}index if not exists {{ this.identifier }}_{{ columns | join('_') }}_idx
         on {{ this }} ({{ columns | join(', ') }})
+    {%- if unique %};
+    {#- Only where one is not yet: ALTER TABLE locks out the table's readers meanwhile. #}
+    do $key$ begin
+        if exists (
+            select 1 from pg_attribute
+            where attrelid = {{ sql_literal(this | string) }}::regclass and not attnotnull
+                and attname in ({% for column in columns %}{{ sql_literal(column) }}{{ ', ' if not loop.last }}{% endfor %})
+        ) then
+            alter table {{ this }}
+            {%- for column in columns %}
+                alter column {{ column }} set not null{{ ',' if not loop.last }}
+            {%- endfor %};
+        end if;
+    end $key$
+    {%- endif %}
 {%- endmacro %}
+
+
+{#-
+    Whether the table a test is attached to has a valid unique index on exactly `columns` (no
+    expression, no predicate, no included column), every one of them NOT NULL: a unique index
+    does not compare NULLs, which the uniqueness test counts as equal. The test's `model`
+    argument is a query over the table (get_where_subquery), not the table: here `model` is
+    the test itself, whose attached node names the table.
+-#}
+{% macro table_key_is(columns) %}
+    {%- if not execute or not model.attached_node -%}
+        {{ return(false) }}
+    {%- endif -%}
+    {%- set tested = graph.nodes[model.attached_node] -%}
+    {%- set key_sql -%}
+        select count(*)
+        from pg_index as i
+        inner join pg_class as c on c.oid = i.indrelid
+        inner join pg_namespace as n on n.oid = c.relnamespace
+        where n.nspname = {{ sql_literal(tested.schema) }}
+            and c.relname = {{ sql_literal(tested.alias) }}
+            and i.indisunique and i.indisvalid and i.indpred is null and i.indexprs is null
+            and i.indnatts = {{ columns | length }}
+            and (
+                select array_agg(a.attname::text order by a.attname)
+                from pg_attribute as a
+                where a.attrelid = c.oid and a.attnum = any(i.indkey) and a.attnotnull
+            ) = array[{% for column in columns | sort %}{{ sql_literal(column) }}{{ ', ' if not loop.last }}{% endfor %}]::text[]
+    {%- endset -%}
+    {{ return(run_query(key_sql).columns[0].values()[0] > 0) }}
+{% endmacro %}
 
 
 {#-
