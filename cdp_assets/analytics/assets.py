@@ -4,7 +4,6 @@
 import json
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
 from datetime import UTC, datetime
 
 import dagster as dg
@@ -20,6 +19,7 @@ from cdp_assets.analytics.dbt_project import (
     translator,
 )
 from cdp_assets.lib.dagster_home import DBT_POOL
+from cdp_assets.lib.environ import temporary_environment
 from cdp_assets.lib.warehouse import WarehouseResource, migrated_url
 from cdp_assets.partitions import tenants
 from cdp_assets.tenants.registry import SLUG
@@ -63,21 +63,6 @@ def run_tenants(context: dg.AssetExecutionContext) -> list[str]:
     return sorted(context.partition_keys)
 
 
-@contextmanager
-def _environment(values: Mapping[str, str]) -> Iterator[None]:
-    """`values` in os.environ meanwhile, what was there before restored after."""
-    previous = {name: os.environ.get(name) for name in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for name, value in previous.items():
-            if value is None:
-                del os.environ[name]
-            else:
-                os.environ[name] = value
-
-
 def _run_dbt(
     context: dg.AssetExecutionContext, dbt: CdpDbtCliResource, tenant_ids: Sequence[str] | None
 ):
@@ -101,7 +86,7 @@ def _run_dbt(
         RUN_VARS_ENV: dbt_vars(tenant_ids),
         WRITE_JSON_ENV: os.environ.get(WRITE_JSON_ENV, "false"),
     }
-    with _environment(run_environment):
+    with temporary_environment(run_environment):
         invocation = dbt.forked_cli(args, context=context)  # the dbt command starts here
     yield from invocation.stream()
     keep_parse(invocation.target_path)

@@ -36,6 +36,7 @@ from cdp_assets.activation.destinations import Destination, add_audience, add_de
 from cdp_assets.activation.triggers import activation_push
 from cdp_assets.analytics.jobs import ANALYTICS_JOB, AUDIENCES_JOB
 from cdp_assets.definitions import defs
+from cdp_assets.lib.environ import temporary_environment
 from cdp_assets.lib.upsert import upsert_documents
 from cdp_assets.partitions import order_months, tenant_month_range_tags, tenants
 from cdp_assets.sandbox import (
@@ -142,21 +143,6 @@ def _captured(pipeline: Pipeline) -> Iterator[None]:
             pipeline.log_records = [handler.format(record) for record in records]
             if failed:  # what the run printed is the way to its error
                 sys.stderr.write(pipeline.output[-20_000:])
-
-
-@contextlib.contextmanager
-def _environment(values: dict[str, str]) -> Iterator[None]:
-    """Environment the platform's resources read at run time, restored afterwards."""
-    saved = {name: os.environ.get(name) for name in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 def _run(pipeline: Pipeline, instance: dg.DagsterInstance, job: str, **run) -> None:
@@ -400,7 +386,7 @@ def _build(warehouse_url: str, instance: dg.DagsterInstance) -> Pipeline:
             datetime.combine(HISTORY_START, datetime.min.time()).timestamp()
         )
         last_month = order_months.get_last_partition_key()
-        with _environment(env):
+        with temporary_environment(env):
             for tenant_id in pipeline.tenant_ids:
                 _run(pipeline, instance, TENANT_SYNC_JOB, partition_key=tenant_id)
                 tags = tenant_month_range_tags(tenant_id, first_month, last_month)
@@ -418,7 +404,7 @@ def _build(warehouse_url: str, instance: dg.DagsterInstance) -> Pipeline:
                 keys = shared_customer_keys(conn, tenant_id, pipeline.crafted[tenant_id])
                 pipeline.audiences[tenant_id] = _pick_audience(conn, tenant_id, keys)
             env.update(_register_destinations(conn, pipeline, meta_tokens))
-            with _environment(env):
+            with temporary_environment(env):
                 for tenant_id in pipeline.tenant_ids:
                     _run(pipeline, instance, activation_push.name, partition_key=tenant_id)
         for tenant_id, account in META_ACCOUNTS.items():
