@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -55,6 +56,7 @@ def read_meanwhile(forked: ForkedDbt) -> threading.Thread:
 def test_forked_dbt_answers_as_the_dbt_process(
     dbt_env: dict[str, str], query: str, succeeds: bool
 ) -> None:
+    log_folder = Path(dbt_env["DBT_LOG_PATH"])
     command = dbt_command("show", "--inline", query, "--output", "json")
     spawned = subprocess.run(command, env=dbt_env, cwd=DBT_PROJECT_DIR, capture_output=True)
     forked = ForkedDbt(command, dbt_env, DBT_PROJECT_DIR)
@@ -67,8 +69,11 @@ def test_forked_dbt_answers_as_the_dbt_process(
     assert [e["info"]["name"] for e in forked_events if e["info"]["name"] in nodes] == [
         e["info"]["name"] for e in events(spawned.stdout) if e["info"]["name"] in nodes
     ]
-    # The events come from the child, not from this process.
+    # The events come from the child, not from this process, which dbt takes for the one
+    # invoked as `dbt ...` (its log names the command, not this process's arguments).
     assert {e["info"]["pid"] for e in forked_events} == {forked.pid}
+    logged = re.findall(r"'invocation_command': '([^']*)'", (log_folder / "dbt.log").read_text())
+    assert logged[-1] == " ".join(["dbt", *command[1:]])
     shown = [e["data"] for e in forked_events if e["info"]["name"] == "ShowNode"]
     if succeeds:
         assert json.loads(shown[0]["preview"]) == [{"answer": 42}]

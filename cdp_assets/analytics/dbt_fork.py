@@ -91,6 +91,9 @@ def _run_dbt_cli(args: Sequence[str], env: Mapping[str, str], cwd: Path, output:
         os.environ.clear()
         os.environ.update(env)
         os.chdir(cwd)
+        # dbt reads its own command line from sys.argv too (the flags of the subcommand, the
+        # invocation_command it logs), which is still the step process's here.
+        sys.argv = ["dbt", *args]
         from dbt.cli.main import cli
 
         cli.main(args=list(args), prog_name="dbt")  # ends in SystemExit, as the script does

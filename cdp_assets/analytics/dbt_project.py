@@ -58,8 +58,9 @@ class CdpDbtCliResource(DbtCliResource):
         """`cli(args, context=context)`, its dbt command run in a child forked from this
         process (dbt_fork.py) with the arguments and environment `cli` gives its subprocess.
         For a step's process: one running server threads (the webserver's, gRPC's) is not
-        one to fork."""
-        if not hasattr(os, "fork"):
+        one to fork. On Linux only: macOS' system frameworks do not survive a fork, and
+        Windows has none."""
+        if sys.platform != "linux":
             return self.cli(args, context=context)
         args, selects, excludes = extract_runtime_selection_from_args(args)
         params = get_updated_cli_invocation_params_for_context(
