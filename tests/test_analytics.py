@@ -14,6 +14,7 @@ import dagster as dg
 import psycopg
 import pytest
 import requests
+from dagster._core.definitions.reconstruct import ReconstructableRepository
 from psycopg.types.json import Jsonb
 from support import (
     assert_bands_rank_repurchase,
@@ -45,6 +46,7 @@ from cdp_assets.analytics.dbt_project import (
     ensure_manifest,
     project_files,
 )
+from cdp_assets.analytics.jobs import ANALYTICS_JOB
 from cdp_assets.analytics.prediction_assets import customer_predictions, holdout_predictions
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.meta.assets import meta_custom_audiences
@@ -806,6 +808,35 @@ def test_an_audience_is_rewritten_unless_a_reader_is_in_it(
     finally:
         _shift_recency(conn, tuple(views.values()), -1)
         _refresh_audiences(instance, list(views))
+
+
+def test_a_dbt_step_forks_its_dbt_from_a_step_process_of_the_platforms_executor(
+    analytics, conn, instance
+):
+    """The churn scoring as production runs it: its step in a process of the platform's
+    executor (forked from the preloaded forkserver), and its dbt forked from that step."""
+    conn.execute("UPDATE marts.churn_risk SET churn_band = NULL WHERE tenant_id = 'an_tiny'")
+    conn.commit()
+    # The job as `dagster job execute -m cdp_assets.definitions` loads it.
+    repository = ReconstructableRepository.for_module(
+        "cdp_assets.definitions", "defs", working_directory=str(DBT_PROJECT_DIR.parent)
+    )
+    with dg.execute_job(
+        repository.get_reconstructable_job(ANALYTICS_JOB),
+        instance=instance,
+        tags={"dagster/partition": "an_tiny"},
+        asset_selection=[dg.AssetKey("churn_risk")],
+    ) as result:
+        assert result.success
+        started = [e for e in result.all_events if e.event_type_value == "STEP_START"]
+        (event,) = result.get_asset_materialization_events()
+    assert event.asset_key == dg.AssetKey("churn_risk")
+    # A process of its own, not this one (in-process execution would run it here).
+    assert {e.pid for e in started} - {os.getpid()}
+    (unbanded,) = conn.execute(
+        "SELECT count(*) FROM marts.churn_risk WHERE tenant_id = 'an_tiny' AND churn_band IS NULL"
+    ).fetchone()
+    assert unbanded == 0
 
 
 def test_the_dbt_resource_knows_the_cli_version_without_asking_the_cli():
