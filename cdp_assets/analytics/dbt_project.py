@@ -86,10 +86,9 @@ class CdpDbtCliResource(DbtCliResource):
         if params.indirect_selection:
             env[DBT_INDIRECT_SELECTION_ENV] = params.indirect_selection
         # dbt re-reads only the files changed since the project's last parse (keep_parse).
-        kept_parse = project_dir / dbt_project.target_path / PARTIAL_PARSE
-        if kept_parse.exists():
+        if KEPT_PARSE.exists():
             target_path.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(kept_parse, target_path / PARTIAL_PARSE)
+            shutil.copyfile(KEPT_PARSE, target_path / PARTIAL_PARSE)
         command = [self.dbt_executable, *self.global_config_flags, *args, *params.selection_args]
         return DbtCliInvocation(
             process=ForkedDbt(command, env, project_dir),  # type: ignore[arg-type] (Popen's part)
@@ -149,6 +148,8 @@ def ensure_manifest() -> Path:
 
 
 PARTIAL_PARSE = "partial_parse.msgpack"
+# The project's own parse, which each invocation starts from and leaves its own in.
+KEPT_PARSE = DBT_PROJECT_DIR / dbt_project.target_path / PARTIAL_PARSE
 
 
 def keep_parse(invocation_target: Path) -> None:
@@ -159,10 +160,9 @@ def keep_parse(invocation_target: Path) -> None:
     parsed = invocation_target / PARTIAL_PARSE
     if not parsed.exists():
         return
-    kept = dbt_project.project_dir / dbt_project.target_path / PARTIAL_PARSE
-    incoming = kept.with_name(f".{PARTIAL_PARSE}.{uuid.uuid4().hex}")
+    incoming = KEPT_PARSE.with_name(f".{PARTIAL_PARSE}.{uuid.uuid4().hex}")
     shutil.copyfile(parsed, incoming)
-    os.replace(incoming, kept)
+    os.replace(incoming, KEPT_PARSE)
 
 
 # Settings of dbt's sessions. JIT: the planner over-estimates the recursive and JSONB-heavy

@@ -97,7 +97,6 @@ class ChildPeak:
             try:
                 status = Path(f"/proc/{pid}/status").read_text()
                 command = Path(f"/proc/{pid}/cmdline").read_bytes()
-                name = Path(f"/proc/{pid}/comm").read_text().strip()
             except OSError:  # it exited meanwhile
                 continue
             # A child caught between fork and exec still maps this process's pages
@@ -113,7 +112,9 @@ class ChildPeak:
                 # children, with the same command line.
                 self.server_peak_mb = max(self.server_peak_mb, peak)
             elif peak > self.peak_mb:
-                self.peak_mb, self.peak_process = peak, process_label(command, name)
+                name = re.search(r"^Name:\s+(.*)$", status, re.MULTILINE)
+                label = process_label(command, name.group(1) if name else "")
+                self.peak_mb, self.peak_process = peak, label
 
 
 def process_label(command: bytes, name: str = "") -> str:
