@@ -28,9 +28,10 @@ from cdp_assets.activation.identifiers import (
     normalize_phone,
     sha256_hex,
 )
+from cdp_assets.activation.sync import SyncOptions, sync_audience
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.meta.assets import meta_custom_audiences
-from cdp_assets.meta.audiences import FORM_PIECE, form_encode
+from cdp_assets.meta.audiences import FORM_PIECE, MetaAudiences, form_encode
 from cdp_assets.meta.resources import MetaResource
 from cdp_assets.partitions import RANGE_END_TAG, RANGE_START_TAG, tenants
 from cdp_assets.sandbox.meta_graph import MetaSandbox
@@ -206,6 +207,9 @@ def test_partial_change_sends_only_the_difference(instance, url, sandbox) -> Non
     row = outcome(result)
     # 18 matchable leavers + the changed member's old row; 27 matchable joiners + its new row.
     assert (row["removed"], row["added"]) == (19, 28)
+    # 210 members, 21 of them without a matchable identifier; all but the 28 sent are as
+    # Meta holds them.
+    assert (row["desired"], row["unmatchable"], row["unchanged"]) == (189, 21, 161)
     assert member_keys(sandbox, "meta_partial") == matchable("meta_partial", range(20, 230))
     changed = next(
         m
@@ -216,6 +220,48 @@ def test_partial_change_sends_only_the_difference(instance, url, sandbox) -> Non
     removal, addition = user_requests(sandbox, "meta_partial")[-2:]
     assert removal.form.get("method") == "DELETE" and removal.method == "POST"
     assert len(removal.payload["data"]) == 19 and len(addition.payload["data"]) == 28
+
+
+def test_a_sync_after_a_large_one_starts_from_emptied_working_tables(url, sandbox) -> None:
+    """A connection's working tables are emptied by DELETE while small; after a large sync
+    they are truncated, or every later sync on the connection would scan the dead rows."""
+    destination = setup(url, "meta_tables", 6_000, range(6_000), min_audience_size=1)
+    target = DestinationAudience(destination, AUDIENCE, {}, None)
+    platform = MetaAudiences(ACCOUNT, TOKEN, graph_url=sandbox.graph_url)
+    sizes = []
+    with psycopg.connect(url) as conn, psycopg.connect(url) as reader:
+        for members in (range(6_000), range(200), range(200), range(210)):
+            set_members(conn, "meta_tables", members)
+            synced = sync_audience(
+                conn,
+                target,
+                audience_members(reader, target, "BR", meta_row),
+                platform,
+                SyncOptions(force=True),
+            )
+            assert synced.status == "synced", synced.reason
+            target = DestinationAudience(destination, AUDIENCE, {}, synced_platform_id(conn))
+            sizes.append(
+                conn.execute(
+                    "SELECT pg_relation_size('desired_members'),"
+                    " pg_relation_size('leaving_members')"
+                ).fetchone()
+            )
+    (first_desired, _), (_, second_leaving), third, fourth = sizes
+    assert first_desired > 1_048_576 and second_leaving > 1_048_576
+    # Truncated before the third sync, which had nothing to hash or remove; the fourth's
+    # nine joiners fit in a page.
+    assert third == (0, 0)
+    assert fourth[0] == 8192 and fourth[1] == 0
+    assert member_keys(sandbox, "meta_tables") == matchable("meta_tables", range(210))
+
+
+def synced_platform_id(conn: psycopg.Connection) -> str:
+    (platform_id,) = conn.execute(
+        "SELECT platform_audience_id FROM cdp.destination_audiences"
+        " WHERE destination_id = 'meta_tables_meta'"
+    ).fetchone()
+    return platform_id
 
 
 def test_mass_removal_is_refused_then_forced_in_post_batches(instance, url, sandbox) -> None:
