@@ -99,7 +99,8 @@ class MemberSource:
     way out. `confirmed` (optional): a query, run on the sync's own connection with `params`,
     of the members the destination confirmed whose unhashed inputs are unchanged (their
     source fingerprint is the confirmed one), as (member_key, fingerprint,
-    source_fingerprint, identifiers): their confirmed row is reused as it is.
+    source_fingerprint, identifiers): their confirmed row stays as it is, and a re-sync
+    neither hashes nor copies them.
     """
 
     fresh: Callable[[], Iterator[tuple[str, str, Row]]]
@@ -368,10 +369,10 @@ def sync_audience(
     outcome = SyncOutcome(destination.destination_id, target.audience, destination.platform, "")
     run = _start_run(conn, target, options, dry_run)
     try:
-        fresh, outcome.unmatchable = _load_fresh(conn, members, platform)
+        loaded, outcome.unmatchable = _load_fresh(conn, members, platform)
         if options.full_replace:
-            fresh += _load_confirmed(conn, members)
-        if fresh >= ANALYZE_FROM_ROWS:
+            loaded += _load_confirmed(conn, members)
+        if loaded >= ANALYZE_FROM_ROWS:
             conn.execute("ANALYZE desired_members")
         to_remove = _find_leaving(conn, members, key)
         confirmed, to_add = _counts(conn, key)
