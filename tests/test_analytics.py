@@ -29,7 +29,9 @@ from support import (
 from cdp_assets.activation.destinations import Destination, add_audience, add_destination
 from cdp_assets.activation.triggers import changed_audiences
 from cdp_assets.analytics.assets import (
+    AS_OF_ENV,
     RUN_VARS_ENV,
+    as_of_day,
     dbt_audiences,
     dbt_churn_holdout,
     dbt_holdout_summary,
@@ -48,6 +50,7 @@ from cdp_assets.analytics.dbt_project import (
 )
 from cdp_assets.analytics.jobs import ANALYTICS_JOB
 from cdp_assets.analytics.prediction_assets import customer_predictions, holdout_predictions
+from cdp_assets.lib.environ import temporary_environment
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.meta.assets import meta_custom_audiences
 from cdp_assets.meta.resources import MetaResource
@@ -106,6 +109,21 @@ def refresh_tenant(
         instance=instance,
         resources=resources(),
     )
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_as_of_day():
+    """Every build of the module is as of one day, even when the module runs across
+    midnight (UTC): several tests compare builds made minutes apart."""
+    with temporary_environment({AS_OF_ENV: as_of_day()}):
+        yield
+
+
+def test_the_as_of_day_can_be_pinned_and_is_checked():
+    with temporary_environment({AS_OF_ENV: "2024-02-29"}):
+        assert json.loads(dbt_vars(["an_big"])) == {"as_of": "2024-02-29", "tenant_id": ["an_big"]}
+    with temporary_environment({AS_OF_ENV: "29/02/2024"}), pytest.raises(ValueError, match="YYYY"):
+        dbt_vars(None)
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@
 import json
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 
 import dagster as dg
 import psycopg
@@ -27,6 +27,8 @@ from cdp_assets.tenants.registry import SLUG
 MANIFEST = ensure_manifest()
 # Read by macro run_var.
 RUN_VARS_ENV = "CDP_DBT_RUN_VARS"
+# The analytics' as-of day, YYYY-MM-DD; unset (as in production), today in UTC.
+AS_OF_ENV = "CDP_AS_OF"
 WRITE_JSON_ENV = "DBT_WRITE_JSON"
 # Models by folder; their tests come by (cautious) indirect selection, so a test declared
 # in a folder's YAML runs only with the asset that builds all of the models it reads.
@@ -44,9 +46,21 @@ NOT_IN_TENANT_MODELS = "churn_risk+ tag:weekly+"
 AUDIENCE_MODELS = "path:models/audiences,resource_type:model"
 
 
+def as_of_day() -> str:
+    """`CDP_AS_OF` if set, to rebuild the analytics as of a past day or keep a series of
+    runs on one day across midnight; otherwise today in UTC."""
+    pinned = os.environ.get(AS_OF_ENV, "").strip()
+    if not pinned:
+        return datetime.now(UTC).date().isoformat()
+    try:
+        return date.fromisoformat(pinned).isoformat()
+    except ValueError:
+        raise ValueError(f"{AS_OF_ENV} must be a day as YYYY-MM-DD, not {pinned[:40]!r}") from None
+
+
 def dbt_vars(tenant_ids: Sequence[str] | None) -> str:
-    """The run's vars (macro `run_var`) for some tenants (or all), as of today in UTC."""
-    values: dict = {"as_of": datetime.now(UTC).date().isoformat()}
+    """The run's vars (macro `run_var`) for some tenants (or all), as of `as_of_day()`."""
+    values: dict = {"as_of": as_of_day()}
     if tenant_ids is not None:
         for tenant_id in tenant_ids:
             # The macros refuse such an id too, but dbt would first choke on its YAML (JSON
