@@ -28,7 +28,7 @@ from cdp_assets.activation.identifiers import (
     normalize_phone,
     sha256_hex,
 )
-from cdp_assets.activation.sync import SyncOptions, sync_audience
+from cdp_assets.activation.sync import DELETE_UP_TO_BYTES, SyncOptions, sync_audience
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.meta.assets import meta_custom_audiences
 from cdp_assets.meta.audiences import FORM_PIECE, MetaAudiences, form_encode
@@ -240,7 +240,9 @@ def test_a_sync_after_a_large_one_starts_from_emptied_working_tables(url, sandbo
                 SyncOptions(force=True),
             )
             assert synced.status == "synced", synced.reason
-            target = DestinationAudience(destination, AUDIENCE, {}, synced_platform_id(conn))
+            target = DestinationAudience(
+                destination, AUDIENCE, {}, platform_audience_id(conn, destination)
+            )
             sizes.append(
                 conn.execute(
                     "SELECT pg_relation_size('desired_members'),"
@@ -248,7 +250,7 @@ def test_a_sync_after_a_large_one_starts_from_emptied_working_tables(url, sandbo
                 ).fetchone()
             )
     (first_desired, _), (_, second_leaving), third, fourth = sizes
-    assert first_desired > 1_048_576 and second_leaving > 1_048_576
+    assert first_desired > DELETE_UP_TO_BYTES and second_leaving > DELETE_UP_TO_BYTES
     # Truncated before the third sync, which had nothing to hash or remove; the fourth's
     # nine joiners fit in a page.
     assert third == (0, 0)
@@ -256,10 +258,11 @@ def test_a_sync_after_a_large_one_starts_from_emptied_working_tables(url, sandbo
     assert member_keys(sandbox, "meta_tables") == matchable("meta_tables", range(210))
 
 
-def synced_platform_id(conn: psycopg.Connection) -> str:
+def platform_audience_id(conn: psycopg.Connection, destination: Destination) -> str:
     (platform_id,) = conn.execute(
         "SELECT platform_audience_id FROM cdp.destination_audiences"
-        " WHERE destination_id = 'meta_tables_meta'"
+        " WHERE destination_id = %s AND audience = %s",
+        (destination.destination_id, AUDIENCE),
     ).fetchone()
     return platform_id
 

@@ -90,8 +90,8 @@ def audience_members(
 
     def fresh_members() -> Iterator[tuple[str, str, list[str]]]:
         # Streamed in chunks: bounded memory in one statement, planned for the whole result
-        # (a named cursor took six round trips, and was planned for its first 10 % unless
-        # told otherwise, a quadratic nested loop when the view's statistics were stale).
+        # (a cursor is planned for its first 10 %: a quadratic nested loop when the view's
+        # statistics are stale).
         with conn.transaction(), conn.cursor() as cursor:
             for *contact, source_fingerprint in cursor.stream(fresh, params, size=10_000):
                 yield contact[0], source_fingerprint, build_row(Contact(*contact), default_country)
