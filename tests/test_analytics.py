@@ -49,7 +49,12 @@ from cdp_assets.analytics.dbt_project import (
     project_files,
 )
 from cdp_assets.analytics.jobs import ANALYTICS_JOB
-from cdp_assets.analytics.prediction_assets import customer_predictions, holdout_predictions
+from cdp_assets.analytics.prediction_assets import (
+    SUMMARY_MODEL,
+    customer_predictions,
+    fit_and_replace,
+    holdout_predictions,
+)
 from cdp_assets.lib.environ import temporary_environment
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.meta.assets import meta_custom_audiences
@@ -190,6 +195,32 @@ def test_the_fit_where_data_allows_and_the_fallback_where_not(analytics, conn):
         " WHERE p_alive NOT BETWEEN 0 AND 1 OR clv_1y < 0 OR clv_3y < clv_1y OR clv_5y < clv_3y"
     ).fetchone()
     assert bad == 0
+
+
+def test_a_tenant_whose_predictions_fail_to_land_stops_the_run_after_the_tenants_done(
+    analytics, conn, warehouse_url
+):
+    """Rows are written a tenant behind the fits: a tenant's failed write still fails the
+    run before the next tenant is written, and the tenants written before it stay."""
+    table = "analytics_python.predictions_refusing_an_tiny"
+    conn.execute(
+        f"CREATE TABLE {table} (LIKE analytics_python.customer_predictions INCLUDING ALL,"
+        " CHECK (tenant_id <> 'an_tiny'))"
+    )
+    conn.commit()
+    tenant_ids = ["an_big", "an_tiny", "an_unknown"]
+    with (
+        psycopg.connect(warehouse_url) as reader,
+        psycopg.connect(warehouse_url) as writer,
+        pytest.raises(psycopg.errors.CheckViolation),
+    ):
+        fit_and_replace(reader, writer, SUMMARY_MODEL, table, tenant_ids, False)
+    landed = conn.execute(f"SELECT tenant_id, count(*) FROM {table} GROUP BY 1").fetchall()
+    (big_customers,) = conn.execute(
+        f"SELECT count(*) FROM intermediate.{SUMMARY_MODEL} WHERE tenant_id = 'an_big'"
+    ).fetchone()
+    assert big_customers > 0
+    assert landed == [("an_big", big_customers)]
 
 
 def test_churn_bands_cover_every_customer(analytics, conn):
@@ -474,6 +505,34 @@ def test_a_keyed_tables_uniqueness_test_reads_nothing_while_its_key_holds(
         conn.commit()
     assert f"FAIL 1 {KEY_TEST}" in failed
     assert "group by" in compiled.read_text()
+
+
+# The tables a run updates row by row, each keeping its grain as a unique index.
+KEYED_MODELS = {
+    "stg_vtex__orders": ("tenant_id", "order_id"),
+    "stg_vtex__order_items": ("tenant_id", "order_id", "item_index"),
+    "stg_vtex__customers": ("tenant_id", "customer_id"),
+    "int_identity__records": ("tenant_id", "record_id"),
+    "int_identity__customer_keys": ("tenant_id", "record_id"),
+    "int_customers__profiles": ("tenant_id", "customer_key"),
+    "int_orders__purchases": ("tenant_id", "order_id"),
+}
+
+
+def test_every_keyed_tables_uniqueness_test_reads_nothing(analytics, warehouse_url, tmp_path):
+    """Their uniqueness tests pass without reading the tables (a scan of each cost a daily
+    refresh half a second on its critical path at seed scale)."""
+    names = [
+        f"unique_combination_of_columns_{model}_{'__'.join(key)}"
+        for model, key in KEYED_MODELS.items()
+    ]
+    output = run_dbt(warehouse_url, "test", "--select", *names, "--target-path", str(tmp_path))
+    for name in names:
+        assert f"PASS {name}" in output
+    # Named by their tests, shortened with a hash where long.
+    compiled = {path: path.read_text() for path in (tmp_path / "compiled").rglob("*.sql")}
+    assert len(compiled) == len(names)
+    assert [path.name for path, sql in compiled.items() if "group by" in sql] == []
 
 
 def test_a_customer_key_in_two_tenants_fails_the_build(analytics, conn, warehouse_url):

@@ -449,8 +449,10 @@ def customer_lifetime_value(
     # E[Y(t)] = E[Y(t) | alive] · P(alive), and the first depends on (x, T) only: customers
     # share far fewer of those pairs than they are (whole days, small counts), so the 2F1 of
     # every month runs once per pair, not once per customer.
-    pairs, customer_pair = np.unique(np.column_stack([x, T]), axis=0, return_inverse=True)
-    pair_x, pair_T = pairs[:, 0], pairs[:, 1]
+    # As complex numbers, which sort by real then imaginary part: a 1-D unique, several times
+    # faster than np.unique(axis=0) over the two columns.
+    pairs, customer_pair = np.unique(x + 1j * T, return_inverse=True)
+    pair_x, pair_T = pairs.real, pairs.imag
     step = days_per_month / time_unit_days
     monthly_factor = 1 / (1 + annual_discount_rate) ** (1 / 12)
     discounted = np.zeros_like(pair_x)  # Σ_k (E[Y(kΔ) | alive] − E[Y((k−1)Δ) | alive]) / (1+d)^k

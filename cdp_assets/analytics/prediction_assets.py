@@ -3,6 +3,7 @@ which dbt cannot run on Postgres), today's and the churn holdout's."""
 
 import itertools
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import date
 from operator import itemgetter
@@ -107,13 +108,10 @@ def _predictions_asset(
     def fit(
         context: dg.AssetExecutionContext, warehouse: WarehouseResource
     ) -> dg.MaterializeResult:
-        fitted: list[tuple[str, int, Predictions]] = []
-        with warehouse.connect() as reader, warehouse.connect() as conn:
-            for inputs in read_fit_inputs(reader, summary_model, run_tenants(context)):
-                result = _replace_predictions(conn, table, inputs, record_fits)
-                # Tenant by tenant: a failure later in a long run keeps the tenants done.
-                conn.commit()
-                fitted.append((inputs.tenant_id, len(inputs.keys), result))
+        with warehouse.connect() as reader, warehouse.connect() as writer:
+            fitted = fit_and_replace(
+                reader, writer, summary_model, table, run_tenants(context), record_fits
+            )
         if len(fitted) == 1:
             _, customers, result = fitted[0]
             return dg.MaterializeResult(metadata=_metadata(result, customers))
@@ -151,17 +149,50 @@ holdout_predictions = _predictions_asset(
 )
 
 
+def fit_and_replace(
+    reader: psycopg.Connection,
+    writer: psycopg.Connection,
+    summary_model: str,
+    table: str,
+    tenant_ids: Sequence[str],
+    record_fits: bool,
+) -> list[tuple[str, int, Predictions]]:
+    """Fit each tenant of `tenant_ids` on `summary_model` (read on `reader`) and replace its
+    rows of `table` (on `writer`, committed tenant by tenant: a failure later in a long run
+    keeps the tenants done); returns (tenant, customers, predictions) in tenant order.
+
+    A tenant's rows are written by a second thread while the next tenant is fitted, so the
+    server's share of the writing (the COPY into the primary key, the commit) overlaps the
+    fit; the Python of the two still takes turns on the GIL. At most two tenants'
+    predictions are in memory."""
+    fitted: list[tuple[str, int, Predictions]] = []
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="predictions_writer") as pool:
+        written: Future | None = None
+        for inputs in read_fit_inputs(reader, summary_model, tenant_ids):
+            result = predict(inputs.x, inputs.t_x, inputs.T, inputs.m_x, inputs.spend_per_day)
+            if written is not None:
+                written.result()  # the previous tenant's error, raised before going on
+            written = pool.submit(_replace_predictions, writer, table, inputs, result, record_fits)
+            fitted.append((inputs.tenant_id, len(inputs.keys), result))
+        if written is not None:
+            written.result()
+    return fitted
+
+
 def _replace_predictions(
-    conn: psycopg.Connection, table: str, inputs: FitInputs, record_fits: bool
-) -> Predictions:
-    result = predict(inputs.x, inputs.t_x, inputs.T, inputs.m_x, inputs.spend_per_day)
+    conn: psycopg.Connection,
+    table: str,
+    inputs: FitInputs,
+    result: Predictions,
+    record_fits: bool,
+) -> None:
     conn.execute(f"DELETE FROM {table} WHERE tenant_id = %s", (inputs.tenant_id,))
     if inputs.keys:
         _copy_predictions(conn, table, inputs, result)
         if record_fits:
             repeaters = int((inputs.x > 0).sum())
             _record_fit(conn, inputs.tenant_id, inputs.as_of, len(inputs.keys), repeaters, result)
-    return result
+    conn.commit()
 
 
 def _fits_table(fitted: list[tuple[str, int, Predictions]]) -> str:
