@@ -6,7 +6,10 @@
 -- since the tenant's latest profile was built (built_at), and the post-hook deletes the
 -- profiles whose customer is gone. A customer that lost a record keeps a rebuilt profile:
 -- identity resolution rewrites every record of a customer a change touches.
-{{ config(post_hook="{{ delete_rows_gone(ref('int_identity__customer_keys'), 'customer_key') }}") }}
+{{ config(post_hook=[
+    "{{ delete_rows_gone(ref('int_identity__customer_keys'), 'customer_key') }}",
+    "{{ key_index(['tenant_id', 'customer_key'], unique=true) }}",
+]) }}
 -- Not materialized: read three times each, and the planner must be free to read only the rows
 -- of the customers to build.
 with customer_keys as not materialized (

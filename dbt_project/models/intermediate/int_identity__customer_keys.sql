@@ -23,7 +23,10 @@
 -- deletes the rows of records that are gone.
 {{ config(
     pre_hook="{{ identity_resolution_scope() }}",
-    post_hook="{{ delete_rows_gone(ref('int_identity__records'), 'record_id') }}",
+    post_hook=[
+        "{{ delete_rows_gone(ref('int_identity__records'), 'record_id') }}",
+        "{{ key_index(['tenant_id', 'record_id'], unique=true) }}",
+    ],
 ) }}
 -- Records numbered in byte order of their ids (collate "C", so the order does not depend on
 -- the database's locale): the smallest number of a component is its smallest id. Numbers are

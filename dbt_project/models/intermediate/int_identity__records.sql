@@ -10,7 +10,10 @@
 -- rebuilt too (its phones normalize differently). The post-hook deletes the order profiles
 -- left without orders (an order that gained or lost its userProfileId moved to another
 -- record). A change to the normalization itself takes a --full-refresh.
-{{ config(post_hook="{{ delete_order_records_gone() }}") }}
+{{ config(post_hook=[
+    "{{ delete_order_records_gone() }}",
+    "{{ key_index(['tenant_id', 'record_id'], unique=true) }}",
+]) }}
 {% set latest_first = 'last_seen_at desc, order_id desc' %}
 
 -- Not materialized: an incremental run reads them twice (which records to rebuild, then those

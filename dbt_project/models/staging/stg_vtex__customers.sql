@@ -1,4 +1,5 @@
 -- One row per Master Data CL document: the customer's own profile, with the real e-mail.
+{{ config(post_hook="{{ key_index(['tenant_id', 'customer_id'], unique=true) }}") }}
 with customers as (
     select *
     from {{ landed_since_staged(source('raw_vtex', 'customers'), 'customer_id') }} as raw_customers

@@ -1,5 +1,8 @@
 -- One row per order: the Get-order document flattened, money from integer cents to units.
-{{ config(post_hook="{{ order_record_index() }}") }}
+{{ config(post_hook=[
+    "{{ order_record_index() }}",
+    "{{ key_index(['tenant_id', 'order_id'], unique=true) }}",
+]) }}
 with orders as (
     select *
     from {{ landed_since_staged(source('raw_vtex', 'orders'), 'order_id') }} as raw_orders
