@@ -197,11 +197,11 @@ def test_the_fit_where_data_allows_and_the_fallback_where_not(analytics, conn):
     assert bad == 0
 
 
-def test_a_tenant_whose_predictions_fail_to_land_stops_the_run_after_the_tenants_done(
+def test_a_tenant_whose_predictions_fail_to_land_stops_the_run_keeping_the_tenants_done(
     analytics, conn, warehouse_url
 ):
-    """Rows are written a tenant behind the fits: a tenant's failed write still fails the
-    run before the next tenant is written, and the tenants written before it stay."""
+    """A tenant's failed write fails the run before the next tenant is written, and the
+    tenants written before it stay."""
     table = "analytics_python.predictions_refusing_an_tiny"
     conn.execute(
         f"CREATE TABLE {table} (LIKE analytics_python.customer_predictions INCLUDING ALL,"

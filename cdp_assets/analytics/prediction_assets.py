@@ -3,7 +3,6 @@ which dbt cannot run on Postgres), today's and the churn holdout's."""
 
 import itertools
 from collections.abc import Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import date
 from operator import itemgetter
@@ -158,24 +157,14 @@ def fit_and_replace(
     record_fits: bool,
 ) -> list[tuple[str, int, Predictions]]:
     """Fit each tenant of `tenant_ids` on `summary_model` (read on `reader`) and replace its
-    rows of `table` (on `writer`, committed tenant by tenant: a failure later in a long run
-    keeps the tenants done); returns (tenant, customers, predictions) in tenant order.
-
-    A tenant's rows are written by a second thread while the next tenant is fitted, so the
-    server's share of the writing (the COPY into the primary key, the commit) overlaps the
-    fit; the Python of the two still takes turns on the GIL. At most two tenants'
-    predictions are in memory."""
+    rows of `table` (on `writer`); returns (tenant, customers, predictions) in tenant order.
+    Committed tenant by tenant: a failure later in a long run keeps the tenants done."""
     fitted: list[tuple[str, int, Predictions]] = []
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="predictions_writer") as pool:
-        written: Future | None = None
-        for inputs in read_fit_inputs(reader, summary_model, tenant_ids):
-            result = predict(inputs.x, inputs.t_x, inputs.T, inputs.m_x, inputs.spend_per_day)
-            if written is not None:
-                written.result()  # the previous tenant's error, raised before going on
-            written = pool.submit(_replace_predictions, writer, table, inputs, result, record_fits)
-            fitted.append((inputs.tenant_id, len(inputs.keys), result))
-        if written is not None:
-            written.result()
+    for inputs in read_fit_inputs(reader, summary_model, tenant_ids):
+        result = predict(inputs.x, inputs.t_x, inputs.T, inputs.m_x, inputs.spend_per_day)
+        _replace_predictions(writer, table, inputs, result, record_fits)
+        writer.commit()
+        fitted.append((inputs.tenant_id, len(inputs.keys), result))
     return fitted
 
 
@@ -192,7 +181,6 @@ def _replace_predictions(
         if record_fits:
             repeaters = int((inputs.x > 0).sum())
             _record_fit(conn, inputs.tenant_id, inputs.as_of, len(inputs.keys), repeaters, result)
-    conn.commit()
 
 
 def _fits_table(fitted: list[tuple[str, int, Predictions]]) -> str:
