@@ -18,6 +18,7 @@ import pytest
 from click.testing import CliRunner
 
 from cdp_assets.cli import main
+from cdp_assets.lib.redaction import redact
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.ops.alerts import WEBHOOK_ENV, alert_payload, post_alert
 from cdp_assets.ops.freshness import FRESHNESS
@@ -26,7 +27,6 @@ from cdp_assets.ops.status import collect_status, watched_assets
 from cdp_assets.ops.sync_errors import (
     MAX_MESSAGE,
     failed_assets,
-    redact,
     sync_error_from_run,
     tenant_from_tags,
 )

@@ -6,7 +6,6 @@ unmaterialized, so it is tested on real failed runs without a daemon.
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -16,6 +15,7 @@ from typing import TYPE_CHECKING
 import dagster as dg
 import psycopg
 
+from cdp_assets.lib.redaction import redact
 from cdp_assets.partitions import RANGE_END_TAG, RANGE_START_TAG, tenant_months
 from cdp_assets.tenants.registry import SLUG
 
@@ -69,38 +69,6 @@ def partition_from_tags(tags: Mapping[str, str]) -> str | None:
     if RANGE_START_TAG in tags and RANGE_END_TAG in tags:
         return f"{tags[RANGE_START_TAG]}..{tags[RANGE_END_TAG]}"
     return None
-
-
-# Values of variables named like credentials (the tenants' and destinations' *_KEY and
-# *_TOKEN references among them) are masked wherever an error message quotes them.
-_SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
-_SECRET_PATTERNS = (
-    # user:password@ in URLs (the warehouse's, a broker's)
-    (re.compile(r"(\b[a-z][a-z0-9+.-]*://[^\s/:@]*:)[^\s/@]+@", re.IGNORECASE), r"\1***@"),
-    (re.compile(r"\b(bearer|basic)\s+[\w.~+/=-]+", re.IGNORECASE), r"\1 ***"),
-    # token=..., "X-VTEX-API-AppToken": "...", password: ...
-    (
-        re.compile(
-            r"((?:token|secret|password|passwd|app_?key|api_?key)[\"']?\s*[:=]\s*[\"']?)"
-            r"[^\s\"'&,;)}]+",
-            re.IGNORECASE,
-        ),
-        r"\1***",
-    ),
-)
-
-
-def redact(text: str, environ: Mapping[str, str] | None = None) -> str:
-    """`text` with credentials masked: values of secret-named variables, URL passwords,
-    bearer tokens and `token=`-style assignments."""
-    environ = os.environ if environ is None else environ
-    for name, value in environ.items():
-        # Short values would mask ordinary words; credentials are longer.
-        if len(value) >= 8 and _SECRET_NAME.search(name):
-            text = text.replace(value, "***")
-    for pattern, replacement in _SECRET_PATTERNS:
-        text = pattern.sub(replacement, text)
-    return text
 
 
 def _truncate(text: str, limit: int = MAX_MESSAGE) -> str:
