@@ -1,3 +1,5 @@
+from concurrent.futures import ThreadPoolExecutor
+
 from click.testing import CliRunner
 
 from cdp_assets.cli import main
@@ -106,25 +108,51 @@ def test_a_destination_without_its_credential_reference_is_refused(warehouse_url
     assert "is not an environment variable" in result.output
 
 
-def test_pools_creates_every_pool_before_its_first_claim(warehouse_url, tmp_path, monkeypatch):
+def test_pools_creates_every_pool_and_setting_them_again_changes_nothing(
+    warehouse_url, tmp_path, monkeypatch
+):
     """Left to Dagster, a pool is created by its first claim, and two runs claiming a new one
-    at once fail on Postgres; `cdp pools` creates them all up front."""
+    at once fail on Postgres; `cdp pools` creates them all up front, and every later
+    `cdp pools` or `cdp dev` on the same instance sets them again without failing or undoing a
+    limit an operator chose."""
     import dagster as dg
 
-    from cdp_assets.lib.dagster_home import DEFAULT_LIMIT_POOLS, prepare_dagster_home
+    from cdp_assets.lib.dagster_home import (
+        DEFAULT_LIMIT_POOLS,
+        VTEX_API_POOL,
+        prepare_dagster_home,
+    )
 
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path))
     monkeypatch.setenv("CDP_DAGSTER_PG_URL", "")  # restored after prepare_dagster_home sets it
     prepare_dagster_home(warehouse_url)  # the platform's dagster.yaml: a default limit of 4
-    result = CliRunner().invoke(main, ["pools"])
-    assert result.exit_code == 0, result.output
-    assert "pool dbt: 1 at once" in result.output
     with dg.DagsterInstance.get() as instance:
         storage = instance.event_log_storage
         try:
-            for pool in DEFAULT_LIMIT_POOLS:
-                assert storage.get_concurrency_info(pool).slot_count == 4, pool
-                assert f"pool {pool}: 4 at once" in result.output
+            for attempt in range(2):
+                result = CliRunner().invoke(main, ["pools"])
+                assert result.exit_code == 0, (attempt, result.output)
+                assert "pool dbt: 1 at once" in result.output
+                for pool in DEFAULT_LIMIT_POOLS:
+                    assert storage.get_concurrency_info(pool).slot_count == 4, pool
+                    assert f"pool {pool}: 4 at once" in result.output
+            # Two processes initializing one new pool at the same moment (two runs' first
+            # claims, or `cdp dev` beside a run) both succeed.
+            storage.delete_concurrency_limit(VTEX_API_POOL)
+            with ThreadPoolExecutor(4) as pool:
+                list(
+                    pool.map(
+                        lambda _: storage.initialize_concurrency_limit_to_default(VTEX_API_POOL),
+                        range(8),
+                    )
+                )
+            assert storage.get_concurrency_info(VTEX_API_POOL).slot_count == 4
+            # An operator's own limit is theirs: setting the pools again leaves it.
+            storage.set_concurrency_slots(VTEX_API_POOL, 2)
+            result = CliRunner().invoke(main, ["pools"])
+            assert result.exit_code == 0, result.output
+            assert f"pool {VTEX_API_POOL}: 2 at once" in result.output
+            assert storage.get_concurrency_info(VTEX_API_POOL).slot_count == 2
         finally:  # the other tests' instance has no default limit
             for pool in DEFAULT_LIMIT_POOLS:
                 storage.delete_concurrency_limit(pool)

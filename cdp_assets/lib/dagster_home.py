@@ -37,11 +37,10 @@ DEFAULT_LIMIT_POOLS = (VTEX_API_POOL, META_API_POOL, GOOGLE_API_POOL)
 
 
 def apply_pool_limits(instance) -> None:
-    """Create the platform's pools on an instance, with their limits (idempotent).
+    """Create the platform's pools on an instance, with their limits; safe to repeat.
 
-    Left to Dagster, a pool is created by its first claim, and two runs claiming a new pool
-    at the same moment fail on Postgres (Dagster 1.13.27): the losing INSERT's unique
-    violation aborts the transaction in which it then tries an UPDATE."""
+    dbt's limit is the platform's (its runs share views); an API pool takes the instance's
+    default unless an operator set its limit (see `dagster_storage`'s upsert)."""
     for pool, limit in POOL_LIMITS.items():
         instance.event_log_storage.set_concurrency_slots(pool, limit)
     for pool in DEFAULT_LIMIT_POOLS:

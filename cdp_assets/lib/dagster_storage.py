@@ -12,6 +12,11 @@ migration exists: reflection of the whole table for a column (8 ms), on every ru
 and every run event it stores. What exists is remembered; what is missing is asked again,
 since `dagster instance migrate` may add it.
 
+Creating a pool at its instance's default limit is an upsert here. Dagster 1.13.27 INSERTs the
+limit and UPDATEs it on a unique violation, in one transaction, which the violation has
+already aborted on Postgres: setting the pools a second time on an instance (every start of
+`cdp dev`), or two runs creating one pool at the same moment, failed.
+
 And it writes a run's events over a range of partitions in batches: the planned
 materializations a run records when it is created, and the materializations of each output,
 one per asset and partition (615 and 615 for 41 tenants' dbt models and predictions), took a
@@ -59,6 +64,7 @@ from dagster_postgres.utils import (
     pg_url_from_config,
 )
 from sqlalchemy import event, exc
+from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 # Connections the pool holds open, and how many more it may open while threads write at once.
 POOL_SIZE = 1
@@ -189,6 +195,31 @@ class PooledPostgresEventLogStorage(_PooledStorage, PostgresEventLogStorage):
             self._store_asset_event_tags(conn, events, event_ids)
             for event, event_id in last_of_asset.values():
                 self._store_asset_event(conn, event, event_id)
+
+    def initialize_concurrency_limit_to_default(self, concurrency_key: str) -> bool:
+        """The pool at the instance's default limit, unless an operator set its limit: one
+        INSERT ... ON CONFLICT, safe to repeat and to race."""
+        default_limit = (
+            self._instance.global_op_concurrency_default_limit if self.has_instance else None
+        )
+        if default_limit is None or not self.has_default_pool_limit_col:
+            return super().initialize_concurrency_limit_to_default(concurrency_key)
+        self._reconcile_concurrency_limits_from_slots()
+        limits = ConcurrencyLimitsTable
+        upsert = (
+            pg_insert(limits)
+            .values(concurrency_key=concurrency_key, limit=default_limit, using_default_limit=True)
+            .on_conflict_do_update(
+                index_elements=[limits.c.concurrency_key],
+                set_={"limit": default_limit},
+                where=limits.c.using_default_limit,
+            )
+            .returning(limits.c.id)
+        )
+        with self.index_transaction() as conn:
+            if conn.execute(upsert).first() is not None:
+                self._allocate_concurrency_slots(conn, concurrency_key, default_limit)
+        return True
 
     def has_table(self, table_name: str) -> bool:
         # Asked before storing each asset check event (two per dbt test) and each event with
