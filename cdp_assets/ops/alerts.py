@@ -10,13 +10,22 @@ import requests
 from cdp_assets.ops.sync_errors import SyncError
 
 WEBHOOK_ENV = "CDP_ALERT_WEBHOOK_URL"
+# Where operators open the Dagster UI (e.g. https://dagster.example.com): alerts link to the
+# failed run there. `cdp dev` sets it to its own webserver.
+UI_URL_ENV = "CDP_UI_URL"
 TIMEOUT_SECONDS = 5  # the sensor tick waits for it: a slow webhook must not stall the daemon
 MAX_ASSETS_LISTED = 5
 
 
-def alert_payload(error: SyncError) -> dict[str, str]:
+def run_link(run_id: str, ui_url: str | None) -> str:
+    """The run's page in the UI, or its id alone when the UI's address is not known."""
+    return f"{ui_url.rstrip('/')}/runs/{run_id}" if ui_url else f"run {run_id}"
+
+
+def alert_payload(error: SyncError, ui_url: str | None = None) -> dict[str, str]:
     """`{"text": ...}`, which Slack, Mattermost, Rocket.Chat and Google Chat all accept. Built
-    from the stored row only, so the message is already redacted and truncated."""
+    from the stored row only, so the message is already redacted and truncated; it links to
+    the run when the UI's address (`ui_url`) is known."""
     scope = [f"tenant {error.tenant_id}" if error.tenant_id else "no single tenant"]
     if error.asset_keys:
         listed = ", ".join(error.asset_keys[:MAX_ASSETS_LISTED])
@@ -28,7 +37,7 @@ def alert_payload(error: SyncError) -> dict[str, str]:
     text = (
         f"cdp run failed: {'; '.join(scope)}\n"
         f"{error.error_type}: {error.message}\n"
-        f"{where}, run {error.run_id}"
+        f"{where}, {run_link(error.run_id, ui_url)}"
     )
     return {"text": text}
 

@@ -33,3 +33,9 @@ FRESHNESS: dict[str, timedelta] = {
     "google_customer_match": ACTIVATION,
     "vtex_product_collections": ACTIVATION,
 }
+
+# Platform-wide assets (not partitioned): `cdp status --check` and the health endpoint judge
+# them too. The operations metrics run every 15 minutes: two missed evaluations, and the
+# schedule (or the daemon) has stalled.
+OPERATIONS = timedelta(minutes=45)
+PLATFORM_FRESHNESS: dict[str, timedelta] = {"operations_metrics": OPERATIONS}

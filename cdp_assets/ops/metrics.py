@@ -4,11 +4,17 @@ Dagster (run storage, event log) and Postgres already record, each judged agains
 
 | metric | figure | target | alert |
 |---|---|---|---|
-| `sync_success_pct` | succeeded / finished ingestion runs, last 24 h | > 95 | < 90 |
+| `sync_success_pct` | per tenant, succeeded / finished ingestion runs, last 24 h | > 95 | < 90 |
 | `avg_sync_seconds` | per tenant, mean time of its ingestion runs, last 24 h | < 7200 | > 14400 |
-| `step_error_pct` | failed / finished steps of every run, last 24 h | < 5 | > 10 |
+| `step_error_pct` | per tenant, failed / finished steps of its runs, last 24 h | < 5 | > 10 |
 | `api_budget_pct` | per VTEX account, requests ÷ (requests/s × seconds), last hour | < 80 | > 90 |
 | `db_connections` | client connections to the platform's database | < 50 | > 80 |
+
+Each tenant (or account) is judged on its own figures, so one tenant's failures alert as that
+tenant's and leave the others' figures alone; runs over several tenants at once are judged
+together as subject ''. Only active tenants count: a deactivated tenant's runs leave the
+figures at once. Each metric also has one aggregate over everyone (`MetricsReport.aggregates`),
+which the asset plots, naming the worst tenants beside it.
 
 The figures are pure functions of run, step and API samples (`evaluate`), so tests feed them
 synthetic histories; `collect_history` reads the samples from an instance, and
@@ -30,7 +36,8 @@ from typing import Any
 import dagster as dg
 import psycopg
 
-from cdp_assets.ops.sync_errors import tenant_from_tags, tenant_of_partition_key
+from cdp_assets.ops.sync_errors import tenant_from_tags
+from cdp_assets.partitions import tenant_of_partition_key
 from cdp_assets.tenants.registry import list_tenants
 
 # The VTEX ingestion assets (group "vtex"): a run that plans any of them is a sync, and their
@@ -95,7 +102,12 @@ LABELS = {
     "db_connections": "database connections in use",
 }
 # Metrics judged per subject (each figure alerts on its own); the others are platform-wide.
-SUBJECTS = {"avg_sync_seconds": "tenant", "api_budget_pct": "account"}
+SUBJECTS = {
+    "sync_success_pct": "tenant",
+    "avg_sync_seconds": "tenant",
+    "step_error_pct": "tenant",
+    "api_budget_pct": "account",
+}
 
 
 def load_thresholds(
@@ -168,6 +180,9 @@ class ApiSample:
     throttled: int  # 429 responses
     seconds: float
     ended_at: datetime
+    # The pace the run's client kept (its `api_requests_per_second`): the budget it used is
+    # judged against it, whatever the process reading the metrics would configure.
+    requests_per_second: float | None = None
 
 
 @dataclass(frozen=True)
@@ -198,22 +213,32 @@ def _finished_since(run: RunSample, since: datetime) -> bool:
     return run.status in _FINISHED and run.ended_at is not None and run.ended_at >= since
 
 
-def sync_success_pct(runs: Sequence[RunSample], since: datetime) -> float | None:
-    """Succeeded / finished ingestion runs that ended since `since`, in %; None without any.
-    A canceled run was stopped by someone, not failed by the sync, and is left out."""
-    finished = [r for r in runs if _finished_since(r, since)]
-    if not finished:
-        return None
-    return 100.0 * sum(r.status == dg.DagsterRunStatus.SUCCESS for r in finished) / len(finished)
+def _subject(tenant_id: str | None) -> str:
+    return tenant_id or ""
 
 
-def avg_sync_seconds(runs: Sequence[RunSample], since: datetime, now: datetime) -> dict[str, float]:
-    """Per tenant, the mean time its ingestion runs took from start to end, over runs that
-    ended since `since` (failed ones too: their time was spent syncing) and runs still going,
+def sync_success_pct(runs: Sequence[RunSample], since: datetime) -> dict[str, float]:
+    """Per tenant ('' for runs over several), succeeded / finished ingestion runs that ended
+    since `since`, in %; a subject without any has no figure. A canceled run was stopped by
+    someone, not failed by the sync, and is left out."""
+    finished: dict[str, list[bool]] = defaultdict(list)
+    for run in runs:
+        if _finished_since(run, since):
+            finished[_subject(run.tenant_id)].append(run.status == dg.DagsterRunStatus.SUCCESS)
+    return {subject: _pct(ok) for subject, ok in sorted(finished.items())}
+
+
+def _pct(flags: Sequence[bool]) -> float:
+    return 100.0 * sum(flags) / len(flags)
+
+
+def _durations(runs: Sequence[RunSample], since: datetime, now: datetime) -> dict[str, list[float]]:
+    """Seconds each ingestion run took from start to end, by subject, over runs that ended
+    since `since` (failed ones too: their time was spent syncing) and runs still going,
     counted with their time so far, so a stuck sync shows before it ends."""
     durations: dict[str, list[float]] = defaultdict(list)
     for run in runs:
-        if run.tenant_id is None or run.started_at is None:
+        if run.started_at is None:
             continue
         if _finished_since(run, since):
             end = run.ended_at
@@ -221,16 +246,26 @@ def avg_sync_seconds(runs: Sequence[RunSample], since: datetime, now: datetime) 
             end = now
         else:
             continue
-        durations[run.tenant_id].append((end - run.started_at).total_seconds())
-    return {tenant: sum(d) / len(d) for tenant, d in sorted(durations.items())}
+        durations[_subject(run.tenant_id)].append((end - run.started_at).total_seconds())
+    return durations
 
 
-def step_error_pct(steps: Sequence[StepSample], since: datetime) -> float | None:
-    """Failed / finished steps since `since`, in %; None without any."""
-    finished = [s for s in steps if s.ended_at >= since]
-    if not finished:
-        return None
-    return 100.0 * sum(s.failed for s in finished) / len(finished)
+def avg_sync_seconds(runs: Sequence[RunSample], since: datetime, now: datetime) -> dict[str, float]:
+    """Per tenant, the mean time of its ingestion runs (`_durations`)."""
+    return {
+        tenant: sum(d) / len(d)
+        for tenant, d in sorted(_durations(runs, since, now).items())
+        if tenant
+    }
+
+
+def step_error_pct(steps: Sequence[StepSample], since: datetime) -> dict[str, float]:
+    """Per tenant ('' for runs over several), failed / finished steps since `since`, in %."""
+    finished: dict[str, list[bool]] = defaultdict(list)
+    for step in steps:
+        if step.ended_at >= since:
+            finished[_subject(step.tenant_id)].append(step.failed)
+    return {subject: _pct(failed) for subject, failed in sorted(finished.items())}
 
 
 def api_usage(
@@ -240,13 +275,16 @@ def api_usage(
     since: datetime,
     now: datetime,
 ) -> dict[str, ApiUsage]:
-    """Per VTEX account, requests in [since, now] ÷ (requests_per_second × the window's
-    seconds), in %, and the 429s among them. A materialization's requests are spread evenly
-    over the `seconds` before it was recorded, so a sync straddling the window's start counts
-    its share only; a run over tenants of several accounts is split evenly between them."""
+    """Per VTEX account, requests in [since, now] ÷ (requests per second × the window's
+    seconds), in %, and the 429s among them. Each sample's requests are weighed against the
+    pace its run kept, `requests_per_second` for samples that did not record one. A
+    materialization's requests are spread evenly over the `seconds` before it was recorded, so
+    a sync straddling the window's start counts its share only; a run over tenants of several
+    accounts is split evenly between them."""
     window = (now - since).total_seconds()
     requests: dict[str, float] = defaultdict(float)
     throttled: dict[str, float] = defaultdict(float)
+    budget_seconds: dict[str, float] = defaultdict(float)  # requests ÷ their pace
     for sample in samples:
         if not since <= sample.ended_at <= now:
             continue
@@ -256,14 +294,16 @@ def api_usage(
         else:
             share = 1.0
         accounts = sorted({account_of[t] for t in sample.tenant_ids if t in account_of})
+        pace = sample.requests_per_second or requests_per_second
         for account in accounts:
             requests[account] += sample.requests * share / len(accounts)
             throttled[account] += sample.throttled * share / len(accounts)
+            budget_seconds[account] += sample.requests * share / len(accounts) / pace
     return {
         account: ApiUsage(
             requests=requests[account],
             throttled=throttled[account],
-            budget_pct=100.0 * requests[account] / (requests_per_second * window),
+            budget_pct=100.0 * budget_seconds[account] / window,
         )
         for account in sorted(requests)
     }
@@ -282,25 +322,31 @@ class Figure:
         return f"{self.metric}/{self.subject}" if self.subject else self.metric
 
 
+# A metric's worst subjects named beside its aggregate.
+WORST_LISTED = 3
+
+
 @dataclass(frozen=True)
 class MetricsReport:
     checked_at: datetime
     thresholds: Mapping[str, Threshold]
     # One per metric and subject with data: no runs in the window judge nothing.
     figures: tuple[Figure, ...]
+    # One per metric with data, over every subject: what the asset plots.
+    aggregates: Mapping[str, float]
     # What the figures are made of (run and step counts, requests and 429s per account).
     counts: Mapping[str, float]
 
     def of(self, metric: str) -> list[Figure]:
         return [f for f in self.figures if f.metric == metric]
 
+    def ranked(self, metric: str) -> list[Figure]:
+        """The metric's figures, worst first: by severity, then by value."""
+        sign = 1 if self.thresholds[metric].higher_is_better else -1
+        return sorted(self.of(metric), key=lambda f: (-_RANK[f.severity], sign * f.value))
+
     def worst(self, metric: str) -> Figure | None:
-        figures = self.of(metric)
-        if not figures:
-            return None
-        if self.thresholds[metric].higher_is_better:
-            return min(figures, key=lambda f: (-_RANK[f.severity], f.value))
-        return max(figures, key=lambda f: (_RANK[f.severity], f.value))
+        return next(iter(self.ranked(metric)), None)
 
     @property
     def alerting(self) -> list[Figure]:
@@ -316,36 +362,53 @@ def evaluate(
     now: datetime,
     tenant_ids: Collection[str] | None = None,
 ) -> MetricsReport:
-    """The figures and their severities. With `tenant_ids`, runs and steps of those tenants
-    only, and the accounts they use (an account's budget is shared by all its tenants)."""
+    """The figures and their severities. `account_of` maps the active tenants to their VTEX
+    accounts: runs and steps of any other tenant (a deactivated one) are left out. With
+    `tenant_ids`, runs and steps of those tenants only, and the accounts they use (an
+    account's budget is shared by all its tenants)."""
     since = now - WINDOW
-    runs, steps, api = history.runs, history.steps, history.api
-    accounts: Collection[str] | None = None
+
+    def counted(tenant_id: str | None) -> bool:
+        if tenant_ids is not None:
+            return tenant_id in tenant_ids
+        return tenant_id is None or tenant_id in account_of
+
+    runs = tuple(r for r in history.runs if counted(r.tenant_id))
+    steps = tuple(s for s in history.steps if counted(s.tenant_id))
+    accounts = set(account_of.values())
     if tenant_ids is not None:
-        runs = tuple(r for r in runs if r.tenant_id in tenant_ids)
-        steps = tuple(s for s in steps if s.tenant_id in tenant_ids)
         accounts = {account_of[t] for t in tenant_ids if t in account_of}
 
     values: list[tuple[str, str, float]] = []
-    success = sync_success_pct(runs, since)
-    if success is not None:
-        values.append(("sync_success_pct", "", success))
-    values.extend(("avg_sync_seconds", t, s) for t, s in avg_sync_seconds(runs, since, now).items())
-    errors = step_error_pct(steps, since)
-    if errors is not None:
-        values.append(("step_error_pct", "", errors))
-    usage = api_usage(api, account_of, requests_per_second, now - API_WINDOW, now)
-    usage = {a: u for a, u in usage.items() if accounts is None or a in accounts}
+    values.extend(("sync_success_pct", t, v) for t, v in sync_success_pct(runs, since).items())
+    values.extend(("avg_sync_seconds", t, v) for t, v in avg_sync_seconds(runs, since, now).items())
+    values.extend(("step_error_pct", t, v) for t, v in step_error_pct(steps, since).items())
+    usage = api_usage(history.api, account_of, requests_per_second, now - API_WINDOW, now)
+    usage = {a: u for a, u in usage.items() if a in accounts}
     values.extend(("api_budget_pct", a, u.budget_pct) for a, u in usage.items())
     values.append(("db_connections", "", float(connections.database)))
 
     finished = [r for r in runs if _finished_since(r, since)]
-    counted = [s for s in steps if s.ended_at >= since]
+    steps_done = [s for s in steps if s.ended_at >= since]
+    durations = [d for ds in _durations(runs, since, now).values() for d in ds]
+    aggregates: dict[str, float] = {"db_connections": float(connections.database)}
+    if finished:
+        aggregates["sync_success_pct"] = _pct(
+            [r.status == dg.DagsterRunStatus.SUCCESS for r in finished]
+        )
+    if durations:
+        aggregates["avg_sync_seconds"] = sum(durations) / len(durations)
+    if steps_done:
+        aggregates["step_error_pct"] = _pct([s.failed for s in steps_done])
+    if usage:  # accounts have budgets of their own: the nearest to its limit
+        aggregates["api_budget_pct"] = max(u.budget_pct for u in usage.values())
     counts: dict[str, float] = {
         "ingestion_runs": len(finished),
         "ingestion_runs_failed": sum(r.status == dg.DagsterRunStatus.FAILURE for r in finished),
-        "steps": len(counted),
-        "steps_failed": sum(s.failed for s in counted),
+        "steps": len(steps_done),
+        "steps_failed": sum(s.failed for s in steps_done),
+        "api_requests": round(sum(u.requests for u in usage.values()), 1),
+        "api_429_responses": round(sum(u.throttled for u in usage.values()), 1),
         "db_connections_server": connections.server,
         "db_max_connections": connections.max_connections,
     }
@@ -359,6 +422,7 @@ def evaluate(
             Figure(metric, subject, value, thresholds[metric].judge(value))
             for metric, subject, value in values
         ),
+        aggregates={m: aggregates[m] for m in thresholds if m in aggregates},
         counts=counts,
     )
 
@@ -493,6 +557,7 @@ def collect_history(instance: dg.DagsterInstance, now: datetime) -> History:
                     throttled=int(_number(metadata, "api_429_responses")),
                     seconds=_number(metadata, "seconds"),
                     ended_at=datetime.fromtimestamp(latest.timestamp, UTC),
+                    requests_per_second=_number(metadata, "api_requests_per_second") or None,
                 )
             )
     return History(runs=runs, steps=tuple(steps), api=tuple(api))
@@ -521,7 +586,7 @@ def collect_metrics(
 ) -> MetricsReport:
     """The metrics now (thresholds: `load_thresholds()` unless given)."""
     now = now or datetime.now(UTC)
-    account_of = {t.tenant_id: t.account_name for t in list_tenants(conn)}
+    account_of = {t.tenant_id: t.account_name for t in list_tenants(conn, active_only=True)}
     return evaluate(
         collect_history(instance, now),
         count_connections(conn),
@@ -533,35 +598,62 @@ def collect_metrics(
     )
 
 
+def _listed(figures: Sequence[Figure], limit: int = WORST_LISTED) -> str:
+    named = ", ".join(
+        f"{f.subject or 'several tenants'} {f.value:.1f} ({f.severity})" for f in figures[:limit]
+    )
+    more = len(figures) - limit
+    return named + (f" and {more} more" if more > 0 else "")
+
+
+def worst_named(report: MetricsReport, metric: str) -> str:
+    """The subjects missing the metric's target, worst first (at most WORST_LISTED)."""
+    missing = [f for f in report.ranked(metric) if f.severity != Severity.OK]
+    return _listed(missing) if missing else "none"
+
+
 def check_description(report: MetricsReport, metric: str) -> str:
-    worst = report.worst(metric)
     threshold = report.thresholds[metric].describe()
-    if worst is None:
+    figures = report.ranked(metric)
+    if not figures:
         return f"{LABELS[metric]}: no data ({threshold})"
-    where = f" ({SUBJECTS[metric]} {worst.subject})" if worst.subject else ""
-    return f"{LABELS[metric]}: {worst.value:.1f}{where}, {worst.severity}; {threshold}"
+    worst = figures[0]
+    if worst.subject or metric in SUBJECTS:
+        missing = [f for f in figures if f.severity != Severity.OK]
+        subjects = f"{len(figures)} {SUBJECTS.get(metric, 'subject')}s"
+        if not missing:
+            return f"{LABELS[metric]}: all {subjects} on target; {threshold}"
+        return (
+            f"{LABELS[metric]}: {len(missing)} of {subjects} off target, worst"
+            f" {_listed(missing)}; {threshold}"
+        )
+    return f"{LABELS[metric]}: {worst.value:.1f}, {worst.severity}; {threshold}"
 
 
 def render_metrics(report: MetricsReport) -> str:
-    """Lines for `cdp status`: each figure against its thresholds, and what is alerting."""
+    """Lines for `cdp status`: each metric's aggregate against its thresholds, the subjects
+    off target, and what is alerting."""
     counts = report.counts
     lines = [
         f"metrics: {counts['ingestion_runs']:g} ingestion runs ({counts['ingestion_runs_failed']:g}"
         f" failed) and {counts['steps']:g} steps ({counts['steps_failed']:g} failed) in 24 h"
     ]
     for metric, threshold in report.thresholds.items():
-        for figure in report.of(metric) or [None]:
-            if figure is None:
-                lines.append(f"  {metric:<40}{'-':>10}  {'no data':<9}{threshold.describe()}")
-                continue
-            name = f"{metric} {figure.subject}".rstrip()
+        worst = report.worst(metric)
+        if metric not in report.aggregates or worst is None:
+            lines.append(f"  {metric:<24}{'-':>10}  {'no data':<9}{threshold.describe()}")
+            continue
+        extra = f"; {counts['api_429_responses']:g} HTTP 429" if metric == "api_budget_pct" else ""
+        lines.append(
+            f"  {metric:<24}{report.aggregates[metric]:>10.1f}  {worst.severity:<9}"
+            f"{threshold.describe()}{extra}"
+        )
+        missing = [f for f in report.ranked(metric) if f.severity != Severity.OK and f.subject]
+        for figure in missing:
             extra = ""
             if metric == "api_budget_pct":
                 extra = f"; {counts[f'api_429_responses/{figure.subject}']:g} HTTP 429"
-            lines.append(
-                f"  {name:<40}{figure.value:>10.1f}  {figure.severity:<9}{threshold.describe()}"
-                f"{extra}"
-            )
+            lines.append(f"    {figure.subject:<22}{figure.value:>10.1f}  {figure.severity}{extra}")
     alerting = report.alerting
     if alerting:
         listed = ", ".join(f.key for f in alerting)
@@ -577,6 +669,7 @@ def metrics_json(report: MetricsReport) -> dict[str, Any]:
             name: {"target": t.target, "alert": t.alert, "higher_is_better": t.higher_is_better}
             for name, t in report.thresholds.items()
         },
+        "aggregates": dict(report.aggregates),
         "figures": [
             {
                 "metric": f.metric,

@@ -1,7 +1,8 @@
 """The operations metrics in Dagster: an asset materialized every 15 minutes whose numeric
-metadata plots each metric over time (per tenant or account where it applies), with one asset
-check per metric (warn: target missed, error: alert threshold crossed), and an alert on the
-webhook when a figure crosses its alert threshold."""
+metadata plots each metric's aggregate over time beside its target and alert values, naming
+the worst tenants (or accounts), with one asset check per metric (warn: a tenant misses the
+target, error: one crossed the alert threshold), and an alert on the webhook when a tenant's
+figure crosses its alert threshold."""
 
 import os
 
@@ -9,10 +10,12 @@ import dagster as dg
 
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.ops.alerts import WEBHOOK_ENV
+from cdp_assets.ops.freshness import PLATFORM_FRESHNESS
 from cdp_assets.ops.metric_alerts import alert_on_crossings
 from cdp_assets.ops.metrics import (
     DEFAULT_THRESHOLDS,
     LABELS,
+    SUBJECTS,
     THRESHOLDS_ENV,
     MetricsReport,
     Severity,
@@ -20,6 +23,7 @@ from cdp_assets.ops.metrics import (
     check_description,
     collect_metrics,
     load_thresholds,
+    worst_named,
 )
 from cdp_assets.vtex.resources import VtexResource
 
@@ -37,12 +41,20 @@ class OpsMetricsResource(dg.ConfigurableResource):
         return load_thresholds(self.thresholds)
 
 
-def metrics_metadata(report: MetricsReport) -> dict[str, float]:
-    """One number per metric (and tenant or account), plus what they are made of."""
-    return {
-        **{figure.key: round(figure.value, 3) for figure in report.figures},
-        **report.counts,
-    }
+def metrics_metadata(report: MetricsReport) -> dict[str, float | str]:
+    """Per metric its aggregate, target and alert values (numbers: plotted over time, one plot
+    each whatever the number of tenants) and its worst subjects by name; the totals they are
+    made of."""
+    metadata: dict[str, float | str] = {}
+    for metric, threshold in report.thresholds.items():
+        if metric in report.aggregates:
+            metadata[metric] = round(report.aggregates[metric], 3)
+        metadata[f"{metric}/target"] = threshold.target
+        metadata[f"{metric}/alert"] = threshold.alert
+        if metric in SUBJECTS:
+            metadata[f"{metric}/worst"] = worst_named(report, metric)
+    metadata.update({name: value for name, value in report.counts.items() if "/" not in name})
+    return metadata
 
 
 def metric_check_results(report: MetricsReport) -> list[dg.AssetCheckResult]:
@@ -77,6 +89,7 @@ def metric_check_results(report: MetricsReport) -> list[dg.AssetCheckResult]:
     name=ASSET,
     group_name="operations",
     kinds={"python", "postgres"},
+    freshness_policy=dg.FreshnessPolicy.time_window(fail_window=PLATFORM_FRESHNESS[ASSET]),
     check_specs=[
         dg.AssetCheckSpec(name, asset=ASSET, description=LABELS[name])
         for name in DEFAULT_THRESHOLDS

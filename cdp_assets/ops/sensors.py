@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 import dagster as dg
 
 from cdp_assets.lib.warehouse import WarehouseResource
-from cdp_assets.ops.alerts import WEBHOOK_ENV, alert_payload, post_alert
+from cdp_assets.ops.alerts import UI_URL_ENV, WEBHOOK_ENV, alert_payload, post_alert
 from cdp_assets.ops.sync_errors import failed_assets, record_sync_error, sync_error_from_run
 
 
@@ -15,8 +15,9 @@ from cdp_assets.ops.sync_errors import failed_assets, record_sync_error, sync_er
     name="sync_errors_sensor",
     monitor_all_code_locations=True,
     default_status=dg.DefaultSensorStatus.RUNNING,
-    description="Records each failed run in cdp.sync_errors and posts it to"
-    f" ${WEBHOOK_ENV} when set.",
+    description="Records each failed run in cdp.sync_errors (tenant, assets, the error's type and"
+    f" redacted message) and posts it to ${WEBHOOK_ENV} when set, linking to the run in the UI"
+    f" at ${UI_URL_ENV}.",
 )
 def sync_errors_sensor(context: dg.RunFailureSensorContext, warehouse: WarehouseResource) -> None:
     run = context.dagster_run
@@ -36,4 +37,4 @@ def sync_errors_sensor(context: dg.RunFailureSensorContext, warehouse: Warehouse
     context.log.info(f"run {run.run_id} recorded: tenant {error.tenant_id}, {error.error_type}")
     url = os.environ.get(WEBHOOK_ENV)
     if url:
-        post_alert(url, alert_payload(error), context.log)
+        post_alert(url, alert_payload(error, os.environ.get(UI_URL_ENV)), context.log)

@@ -1,7 +1,10 @@
 """`cdp status`: per active tenant and tenant-partitioned asset, when it last succeeded, whether
 that is too long ago (`freshness.FRESHNESS`), whether a run failed since, the last error
 recorded in `cdp.sync_errors`, and how many runs are queued or in progress; then the operations
-metrics (`metrics.py`), the same figures the `operations_metrics` asset records.
+metrics (`metrics.py`), the same figures the `operations_metrics` asset records; then whether
+the platform itself is alive (`health.py`: the daemon, the schedules and sensors, the
+platform's own assets). Together they are the verdict of `cdp status --check` and of the
+health endpoint: `Status.problems`, each naming its tenant where it is one tenant's.
 
 Everything comes from the Dagster instance the UI uses (its event log and runs) and the
 warehouse, so the answer matches what the UI shows.
@@ -20,9 +23,23 @@ import dagster as dg
 import psycopg
 
 from cdp_assets.lib.dagster_home import prepare_dagster_home
-from cdp_assets.ops.freshness import FRESHNESS
-from cdp_assets.ops.metrics import MetricsReport, collect_metrics, metrics_json, render_metrics
-from cdp_assets.ops.sync_errors import SyncError, latest_errors, tenant_of_partition_key
+from cdp_assets.ops.freshness import FRESHNESS, PLATFORM_FRESHNESS
+from cdp_assets.ops.health import (
+    Instigator,
+    Problem,
+    daemon_problems,
+    instigator_problems,
+    instigators_of,
+)
+from cdp_assets.ops.metrics import (
+    SUBJECTS,
+    MetricsReport,
+    collect_metrics,
+    metrics_json,
+    render_metrics,
+)
+from cdp_assets.ops.sync_errors import SyncError, latest_errors
+from cdp_assets.partitions import tenant_of_partition_key
 from cdp_assets.tenants.registry import TenantError, list_tenants
 from cdp_assets.vtex.resources import VtexResource
 
@@ -73,11 +90,33 @@ class Status:
     in_progress_runs: int
     assets: tuple[AssetStatus, ...]
     metrics: MetricsReport
+    # The daemon, the schedules and sensors, the platform's own assets.
+    platform: tuple[Problem, ...] = ()
+
+    @property
+    def problems(self) -> list[Problem]:
+        """Everything that makes the platform unhealthy, the tenant named where it is one's."""
+        found = list(self.platform)
+        for figure in self.metrics.alerting:
+            threshold = self.metrics.thresholds[figure.metric].describe()
+            tenant = figure.subject if SUBJECTS.get(figure.metric) == "tenant" else None
+            found.append(
+                Problem(
+                    "metric",
+                    figure.key,
+                    f"{figure.value:.1f}, past its alert threshold ({threshold})",
+                    tenant_id=tenant or None,
+                )
+            )
+        for asset in self.assets:
+            if not asset.ok:
+                found.append(Problem("asset", asset.asset, _what(asset), asset.tenant_id))
+        return found
 
     @property
     def healthy(self) -> bool:
-        """Every asset ok, and no metric past its alert threshold."""
-        return all(asset.ok for asset in self.assets) and not self.metrics.alerting
+        """Every asset ok, no metric past its alert threshold, the platform alive."""
+        return not self.problems
 
 
 @dataclass(frozen=True)
@@ -180,17 +219,41 @@ def _combine(outcomes: Sequence[_Outcome]) -> _Outcome:
     )
 
 
+def platform_asset_problems(instance: dg.DagsterInstance, now: datetime) -> list[Problem]:
+    """The platform's own assets (PLATFORM_FRESHNESS) not materialized within their window."""
+    problems = []
+    for name, max_age in PLATFORM_FRESHNESS.items():
+        event = instance.get_latest_materialization_event(dg.AssetKey(name))
+        if event is None:
+            problems.append(Problem("asset", name, "never materialized"))
+            continue
+        at = datetime.fromtimestamp(event.timestamp, UTC)
+        if now - at > max_age:
+            problems.append(
+                Problem(
+                    "asset",
+                    name,
+                    f"last materialized {_age(now - at)} ago, at {at:%Y-%m-%d %H:%M} UTC"
+                    f" (expected within {_age(max_age)}): is its schedule running?",
+                )
+            )
+    return problems
+
+
 def collect_status(
     instance: dg.DagsterInstance,
     conn: psycopg.Connection,
     *,
     tenant_ids: Sequence[str] | None = None,
     watched: Mapping[str, Sequence[dg.AssetKey]] | None = None,
+    instigators: Sequence[Instigator] | None = None,
     now: datetime | None = None,
 ) -> Status:
     """The status of every active tenant (or of `tenant_ids`, which must be active) for every
-    watched asset (default: every FRESHNESS entry, resolved by `watched_assets()`), and the
-    operations metrics (with `tenant_ids`, of those tenants' runs and VTEX accounts)."""
+    watched asset (default: every FRESHNESS entry, resolved by `watched_assets()`), the
+    operations metrics (with `tenant_ids`, of those tenants' runs and VTEX accounts), and the
+    platform's own health (its schedules and sensors: `instigators`, default the code
+    location's)."""
     now = now or datetime.now(UTC)
     active = [t.tenant_id for t in list_tenants(conn, active_only=True)]
     if tenant_ids:
@@ -228,8 +291,18 @@ def collect_status(
                     last_error=max(tenant_errors, key=lambda e: e.occurred_at, default=None),
                 )
             )
+    if instigators is None:
+        from cdp_assets.definitions import defs
+
+        instigators = instigators_of(defs)
+    platform = [
+        *daemon_problems(instance, now),
+        *instigator_problems(instance, instigators, now),
+        *platform_asset_problems(instance, now),
+    ]
     return Status(
         checked_at=now,
+        platform=tuple(platform),
         queued_runs=instance.get_runs_count(dg.RunsFilter(statuses=[dg.DagsterRunStatus.QUEUED])),
         in_progress_runs=instance.get_runs_count(dg.RunsFilter(statuses=list(IN_PROGRESS))),
         assets=tuple(assets),
@@ -263,7 +336,8 @@ def _hours(delta: timedelta) -> str:
     return f"{int(delta.total_seconds() // 3600)}h"
 
 
-def _problem(asset: AssetStatus) -> str:
+def _what(asset: AssetStatus) -> str:
+    """What is wrong with an asset that is not ok."""
     if asset.last_success is None:
         what = "never materialized"
     elif asset.stale:
@@ -273,7 +347,11 @@ def _problem(asset: AssetStatus) -> str:
     if asset.failed_run_id is not None:
         failed = f"run {asset.failed_run_id} failed at {asset.failed_at:%Y-%m-%d %H:%M}"
         what = f"{what}; {failed}" if what else failed
-    lines = [f"  {asset.tenant_id} {asset.asset}: {what}"]
+    return what
+
+
+def _problem(asset: AssetStatus) -> str:
+    lines = [f"  {asset.tenant_id} {asset.asset}: {_what(asset)}"]
     error = asset.last_error
     if error is not None and (asset.last_success is None or error.occurred_at > asset.last_success):
         message = " ".join(error.message.split())  # one line
@@ -284,8 +362,14 @@ def _problem(asset: AssetStatus) -> str:
 
 
 def render_text(status: Status) -> str:
-    """The assets' table and what needs attention, then the metrics."""
-    return f"{_render_assets(status)}\n{render_metrics(status.metrics)}"
+    """The assets' table and what needs attention, then the metrics, then the platform."""
+    if status.platform:
+        platform = [f"platform: {len(status.platform)} problems"]
+        platform.extend(f"  {problem}" for problem in status.platform)
+    else:
+        platform = ["platform: daemon alive, schedules and sensors ticking, operations fresh"]
+    verdict = "healthy" if status.healthy else f"unhealthy: {len(status.problems)} problems"
+    return "\n".join([_render_assets(status), render_metrics(status.metrics), *platform, verdict])
 
 
 def _render_assets(status: Status) -> str:
@@ -329,6 +413,7 @@ def status_json(status: Status) -> dict[str, Any]:
     return {
         "checked_at": _iso(status.checked_at),
         "healthy": status.healthy,
+        "problems": [problem.as_json() for problem in status.problems],
         "runs": {"queued": status.queued_runs, "in_progress": status.in_progress_runs},
         "assets": [
             {

@@ -16,8 +16,7 @@ import dagster as dg
 import psycopg
 
 from cdp_assets.lib.redaction import redact
-from cdp_assets.partitions import RANGE_END_TAG, RANGE_START_TAG, tenant_months
-from cdp_assets.tenants.registry import SLUG
+from cdp_assets.partitions import RANGE_END_TAG, RANGE_START_TAG, tenant_of_partition_key
 
 if TYPE_CHECKING:
     from dagster_shared.error import SerializableErrorInfo
@@ -40,14 +39,6 @@ class SyncError:
     message: str
     step_key: str | None
     occurred_at: datetime
-
-
-def tenant_of_partition_key(key: str) -> str | None:
-    """The tenant of a `tenants` key (`acme`) or a `tenant_months` key (`2025-01-01|acme`);
-    None for keys of other partitionings (a month alone is not a tenant slug)."""
-    if key.count("|") == 1:
-        key = tenant_months.get_partition_key_from_str(key).keys_by_dimension["tenant"]
-    return key if SLUG.fullmatch(key) else None
 
 
 def tenant_from_tags(tags: Mapping[str, str]) -> str | None:
