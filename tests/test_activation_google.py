@@ -20,10 +20,15 @@ from activation_support import (
     set_members,
 )
 from activation_support import push as push_activation
+from click.testing import CliRunner
+from google.ads.googleads.v26.services.types.user_list_service import UserListOperation
 
+from cdp_assets.activation.cli import destinations
 from cdp_assets.activation.destinations import Destination
 from cdp_assets.activation.identifiers import sha256_hex
 from cdp_assets.google.assets import google_customer_match
+from cdp_assets.google.data_manager import data_manager_clients
+from cdp_assets.google.google_ads import google_ads_services
 from cdp_assets.google.resources import GoogleResource
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.sandbox.google_grpc import GoogleSandbox
@@ -260,3 +265,82 @@ def test_a_push_imports_only_its_own_platforms_google_clients(platform, imports_
         env={**os.environ, "T": "dev-token"},
     )
     assert result.stdout.strip() == str(imports_google_ads)
+
+
+def remove_on_google(sandbox: GoogleSandbox, platform: str, name: str) -> None:
+    """What removing the list in Google Ads does, through each API's own call for it."""
+    if platform == "google_ads":
+        services = google_ads_services("dev-token", None, sandbox.address)
+        services.user_lists.mutate_user_lists(
+            customer_id=CUSTOMER, operations=[UserListOperation(remove=name)]
+        )
+    else:
+        data_manager_clients(sandbox.address).user_lists.delete_user_list(name=name)
+
+
+# What each API answers for a list that no longer exists.
+GONE = {
+    "google_data_manager": "INVALID_USER_LIST_ID",
+    "google_ads": "offline_user_data_job_error=INVALID_USER_LIST_ID",
+}
+
+
+@pytest.mark.parametrize("platform", ["google_data_manager", "google_ads"])
+def test_a_list_removed_in_google_is_created_again_with_every_member(
+    instance, url, sandbox, platform
+) -> None:
+    tenant_id = f"g_gone_{platform[7:]}"
+    setup(url, tenant_id, platform, range(120), min_audience_size=10)
+    assert push(instance, url, sandbox, tenant_id).success
+    removed = user_list(url, f"{tenant_id}_google")
+    remove_on_google(sandbox, platform, removed)
+    with psycopg.connect(url) as conn:
+        set_members(conn, tenant_id, range(130))
+
+    result = push(instance, url, sandbox, tenant_id)
+    assert result.success
+    row = outcome(result)
+    recreated = user_list(url, f"{tenant_id}_google")
+    assert recreated != removed
+    assert (row["status"], row["added"], row["unchanged"]) == ("synced", 117, 0)
+    assert sandbox.members(recreated) == expected_keys(tenant_id, range(130))
+    assert removed in row["reason"] and GONE[platform] in row["reason"]
+    assert f"created {recreated}" in row["reason"]
+    with psycopg.connect(url) as conn:
+        last = runs(conn, f"{tenant_id}_google")[-1]
+    assert (last["status"], last["reason"]) == ("synced", row["reason"])
+
+
+@pytest.mark.parametrize("platform", ["google_data_manager", "google_ads"])
+def test_with_recreation_off_a_removed_list_fails_until_reset(
+    instance, url, sandbox, platform
+) -> None:
+    tenant_id = f"g_kept_{platform[7:]}"
+    destination_id = f"{tenant_id}_google"
+    setup(
+        url, tenant_id, platform, range(120), min_audience_size=10, recreate_deleted_audiences=False
+    )
+    assert push(instance, url, sandbox, tenant_id).success
+    removed = user_list(url, destination_id)
+    lists = len(sandbox.user_lists())
+    remove_on_google(sandbox, platform, removed)
+    with psycopg.connect(url) as conn:
+        set_members(conn, tenant_id, range(130))
+
+    failed = push(instance, url, sandbox, tenant_id)
+    assert not failed.success
+    assert len(sandbox.user_lists()) == lists - 1  # none created in its place
+    (failure,) = [e for e in failed.all_events if e.is_step_failure]
+    message = failure.step_failure_data.error.message
+    assert removed in message and GONE[platform] in message
+    assert f"cdp destinations reset {destination_id}" in message
+    with psycopg.connect(url) as conn:
+        history = runs(conn, destination_id)[-1]
+    assert history["status"] == "failed" and GONE[platform] in history["reason"]
+
+    reset = CliRunner().invoke(destinations, ["reset", destination_id], env={"DATABASE_URL": url})
+    assert reset.exit_code == 0, reset.output
+    assert removed in reset.output and "108 confirmed members" in reset.output
+    result = push(instance, url, sandbox, tenant_id)
+    assert result.success and outcome(result)["added"] == 117
+    assert sandbox.members(user_list(url, destination_id)) == expected_keys(tenant_id, range(130))

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
+import time
+from datetime import timedelta
 from urllib.parse import urlencode
 
 import dagster as dg
@@ -19,16 +23,28 @@ from activation_support import (
     set_members,
 )
 from activation_support import push as push_activation
+from click.testing import CliRunner, Result
+from facebook_business.adobjects.customaudience import CustomAudience
+from facebook_business.api import FacebookAdsApi
+from facebook_business.session import FacebookSession
 
 from cdp_assets.activation.audiences import audience_members
+from cdp_assets.activation.cli import destinations
 from cdp_assets.activation.destinations import Destination, DestinationAudience, add_audience
+from cdp_assets.activation.history import open_activation_runs
 from cdp_assets.activation.identifiers import (
     meta_row,
     normalize_email,
     normalize_phone,
     sha256_hex,
 )
-from cdp_assets.activation.sync import DELETE_UP_TO_BYTES, SyncOptions, sync_audience
+from cdp_assets.activation.run import FAILURE_LENGTH, failure_description
+from cdp_assets.activation.sync import (
+    DELETE_UP_TO_BYTES,
+    SyncOptions,
+    SyncOutcome,
+    sync_audience,
+)
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.meta.assets import meta_custom_audiences
 from cdp_assets.meta.audiences import FORM_PIECE, MetaAudiences, form_encode
@@ -337,6 +353,31 @@ def test_a_refused_batch_fails_the_run_and_keeps_state(instance, url, sandbox) -
     assert member_keys(sandbox, "meta_refused") == matchable("meta_refused", range(200))
 
 
+def test_a_failed_runs_description_names_each_cause_masked_and_bounded(monkeypatch) -> None:
+    """It becomes the run's row of cdp.sync_errors and the alert's text."""
+    failed = [
+        SyncOutcome(
+            f"dest_{i}",
+            AUDIENCE,
+            "meta",
+            "failed",
+            f"MetaError: Meta 400 code=190 subcode=463: Session has expired for {TOKEN}"
+            f" (access_token=EAAB{i}xyz)",
+        )
+        for i in range(40)
+    ]
+    monkeypatch.setenv(TOKEN_REF, TOKEN)
+    text = failure_description([SyncOutcome("dest_ok", AUDIENCE, "meta", "synced"), *failed])
+    assert text.startswith(
+        "activation failed for 40 of 41 destination audiences (the others went on):"
+        f" dest_0/{AUDIENCE}: MetaError: Meta 400 code=190 subcode=463: Session has expired"
+    )
+    assert TOKEN not in text and "EAAB" not in text
+    assert len(text) == FAILURE_LENGTH and text.endswith("…")
+    alone = failure_description(failed[:1])
+    assert alone.startswith("activation failed for 1 of 1 destination audiences: dest_0/")
+
+
 def test_full_replace_uses_a_replace_session(instance, url, sandbox) -> None:
     setup(url, "meta_replace", 300, range(150))
     assert push(instance, url, sandbox, "meta_replace").success
@@ -506,3 +547,211 @@ def test_one_reading_connection_serves_audiences_read_partly_or_whole(url) -> No
         whole = list(audience_members(reader, target, "BR", meta_row).fresh())
         assert reader.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
     assert {key for key, _, _ in whole} == {f"meta_reader-{i}" for i in range(120)}
+
+
+def delete_on_meta(sandbox: MetaSandbox, audience: str) -> None:
+    """What deleting the audience in Ads Manager does: the Graph API's DELETE of its node."""
+    session = FacebookSession(access_token=TOKEN)
+    session.GRAPH = sandbox.graph_url
+    CustomAudience(audience, api=FacebookAdsApi(session)).api_delete()
+
+
+def cdp_destinations(url: str, *args: str) -> Result:
+    return CliRunner().invoke(destinations, list(args), env={"DATABASE_URL": url})
+
+
+def test_an_audience_deleted_on_meta_is_created_again_with_every_member(
+    instance, url, sandbox
+) -> None:
+    setup(url, "meta_gone", 300, range(200))
+    assert push(instance, url, sandbox, "meta_gone").success
+    deleted = audience_id(sandbox, "meta_gone")
+    delete_on_meta(sandbox, deleted)
+    with psycopg.connect(url) as conn:
+        set_members(conn, "meta_gone", range(210))
+
+    result = push(instance, url, sandbox, "meta_gone")
+    assert result.success
+    row = outcome(result)
+    recreated = audience_id(sandbox, "meta_gone")
+    assert recreated != deleted
+    # Every member is sent to the new audience, not only the ten that joined.
+    assert (row["status"], row["added"], row["removed"], row["unchanged"]) == ("synced", 189, 0, 0)
+    assert member_keys(sandbox, "meta_gone") == matchable("meta_gone", range(210))
+    assert f"audience {deleted}" in row["reason"] and "code=100 subcode=33" in row["reason"]
+    assert f"created {recreated}" in row["reason"]
+    with psycopg.connect(url) as conn:
+        last = runs(conn, "meta_gone_meta")[-1]
+        assert (last["status"], last["reason"]) == ("synced", row["reason"])
+        assert platform_audience_id(conn, Destination("meta_gone_meta", "meta_gone", "meta")) == (
+            recreated
+        )
+    again = outcome(push(instance, url, sandbox, "meta_gone"))
+    assert (again["added"], again["unchanged"]) == (0, 189)
+
+
+def test_with_recreation_off_a_deleted_audience_fails_until_reset(instance, url, sandbox) -> None:
+    setup(url, "meta_kept", 300, range(200), recreate_deleted_audiences=False)
+    assert push(instance, url, sandbox, "meta_kept").success
+    deleted = audience_id(sandbox, "meta_kept")
+    delete_on_meta(sandbox, deleted)
+    with psycopg.connect(url) as conn:
+        set_members(conn, "meta_kept", range(210))
+
+    failed = push(instance, url, sandbox, "meta_kept")
+    assert not failed.success
+    assert not [a for a in sandbox.audiences(ACCOUNT) if a["name"] == f"meta_kept: {AUDIENCE}"]
+    (failure,) = [e for e in failed.all_events if e.is_step_failure]
+    # The cause, as the run's failure (and so the error row and the alert) tells it.
+    message = failure.step_failure_data.error.message
+    assert f"meta_kept_meta/{AUDIENCE}" in message
+    assert "code=100 subcode=33" in message and "does not exist" in message
+    assert "cdp destinations reset meta_kept_meta" in message
+    with psycopg.connect(url) as conn:
+        (_, history) = runs(conn, "meta_kept_meta")
+    assert history["status"] == "failed"
+    assert f"audience {deleted}" in history["reason"] and "code=100" in history["reason"]
+    assert "cdp destinations reset meta_kept_meta" in history["reason"]
+
+    reset = cdp_destinations(url, "reset", "meta_kept_meta", "--audience", AUDIENCE)
+    assert reset.exit_code == 0, reset.output
+    assert deleted in reset.output and "180 confirmed members" in reset.output
+    with psycopg.connect(url) as conn:
+        assert conn.execute(
+            "SELECT platform_audience_id, synced_signature FROM cdp.destination_audiences"
+            " WHERE destination_id = 'meta_kept_meta'"
+        ).fetchone() == (None, None)
+    result = push(instance, url, sandbox, "meta_kept")
+    assert result.success
+    assert outcome(result)["added"] == 189
+    assert audience_id(sandbox, "meta_kept") != deleted
+    assert member_keys(sandbox, "meta_kept") == matchable("meta_kept", range(210))
+
+
+def test_reset_and_history_refuse_what_does_not_exist(url, sandbox) -> None:
+    setup(url, "meta_names", 150, range(150))
+    for args in (
+        ("reset", "nobody_here"),
+        ("reset", "meta_names_meta", "--audience", "audience_nowhere"),
+        ("history", "nobody_here"),
+    ):
+        result = cdp_destinations(url, *args)
+        assert result.exit_code != 0, args
+        assert "Traceback" not in result.output and result.exception.__class__ is SystemExit
+        assert args[-1] in result.output
+    empty = cdp_destinations(url, "reset", "meta_names_meta")  # never synced: nothing to forget
+    assert empty.exit_code == 0 and "0 confirmed members" in empty.output
+
+
+# A run worker of its own, pushing one tenant to the Meta sandbox on the test's instance (its
+# runs are stored in the same database).
+_RUN_WORKER = """
+import sys
+import dagster as dg
+from cdp_assets.lib.dagster_storage import storage_config
+from cdp_assets.lib.database import sqlalchemy_url
+from cdp_assets.lib.warehouse import WarehouseResource
+from cdp_assets.meta.assets import meta_custom_audiences
+from cdp_assets.meta.resources import MetaResource
+
+instance_url, warehouse_url, graph_url, tenant_id = sys.argv[1:]
+storage = {"storage": storage_config(sqlalchemy_url(instance_url))}
+with dg.instance_for_test(overrides=storage) as instance:
+    dg.materialize(
+        [meta_custom_audiences],
+        partition_key=tenant_id,
+        instance=instance,
+        resources={
+            "warehouse": WarehouseResource(url=warehouse_url),
+            "meta": MetaResource(graph_url=graph_url),
+        },
+    )
+"""
+
+
+def waiting_on_a_lock(conn: psycopg.Connection) -> bool:
+    (waiting,) = conn.execute(
+        "SELECT count(*) FROM pg_stat_activity"
+        " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+    ).fetchone()
+    return waiting > 0
+
+
+def test_the_rows_of_a_killed_run_are_closed_by_the_next_run(
+    instance, warehouse_url, url, sandbox
+) -> None:
+    setup(url, "meta_killed", 300, range(200))
+    instance.add_dynamic_partitions(tenants.name, ["meta_killed"])
+    outside = Destination(
+        "meta_killed_outside",
+        "meta_killed",
+        "meta",
+        ACCOUNT,
+        credential_refs={"access_token": TOKEN_REF},
+        active=False,
+    )
+    # Autocommit: within a transaction, pg_stat_activity would stay as first read.
+    with psycopg.connect(url) as lock, psycopg.connect(url, autocommit=True) as conn:
+        # The worker's sync blocks on its first write of confirmed members, after Meta took
+        # the batch: killed there, it leaves its history row open.
+        lock.execute("LOCK TABLE cdp.destination_members IN SHARE MODE")
+        worker = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                _RUN_WORKER,
+                warehouse_url,
+                url,
+                sandbox.graph_url,
+                "meta_killed",
+            ]
+        )
+        try:
+            deadline = time.monotonic() + 60
+            while not waiting_on_a_lock(conn) and worker.poll() is None:
+                assert time.monotonic() < deadline, "the run worker never reached its sync"
+                time.sleep(0.05)
+        finally:
+            worker.kill()
+            worker.wait()
+        lock.rollback()
+        (killed,) = runs(conn, "meta_killed_meta")
+        # Syncs outside Dagster (no run id): open for two days, and just started.
+        register_destination(conn, outside)
+        conn.execute(
+            "INSERT INTO cdp.activation_runs (destination_id, audience, tenant_id, platform,"
+            " mode, dry_run, status, started_at) VALUES"
+            " ('meta_killed_outside', %(a)s, 'meta_killed', 'meta', 'diff', false, 'running',"
+            "  now() - interval '2 days'),"
+            " ('meta_killed_outside', %(a)s, 'meta_killed', 'meta', 'diff', false, 'running',"
+            "  now())",
+            {"a": AUDIENCE},
+        )
+        opened = {r.destination_id: r for r in open_activation_runs(conn, ["meta_killed"])}
+    assert killed["status"] == "running" and killed["dagster_run_id"]
+    assert opened["meta_killed_meta"].dagster_run_id == killed["dagster_run_id"]
+    assert timedelta(0) < opened["meta_killed_meta"].age < timedelta(minutes=5)
+
+    # The killed worker's run is still in progress as far as Dagster knows: left alone.
+    assert push(instance, url, sandbox, "meta_killed").success
+    with psycopg.connect(url) as conn:
+        assert runs(conn, "meta_killed_meta")[0]["status"] == "running"
+    # Dagster's run monitoring finds the worker gone and fails the run: the next activation
+    # run, of any tenant, closes the row.
+    instance.report_run_failed(instance.get_run_by_id(killed["dagster_run_id"]))
+    setup(url, "meta_after_kill", 150, range(150))
+    assert push(instance, url, sandbox, "meta_after_kill").success
+    with psycopg.connect(url) as conn:
+        closed, synced = runs(conn, "meta_killed_meta")
+        old, recent = runs(conn, "meta_killed_outside")
+    assert closed["status"] == "abandoned" and closed["finished_at"] is not None
+    assert killed["dagster_run_id"] in closed["reason"] and "FAILURE" in closed["reason"]
+    assert synced["status"] == "synced"
+    assert old["status"] == "abandoned" and "no Dagster run" in old["reason"]
+    assert recent["status"] == "running"
+
+    history = cdp_destinations(url, "history", "meta_killed_meta")
+    assert history.exit_code == 0, history.output
+    assert "abandoned" in history.output and "age" in history.output.splitlines()[0]
+    running = cdp_destinations(url, "history", "meta_killed_outside")
+    assert "running for" in running.output and "2d" in running.output

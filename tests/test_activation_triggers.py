@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 import dagster as dg
 import psycopg
 import pytest
+import requests
 from activation_support import (
     AUDIENCE,
     activation_warehouse,
@@ -16,8 +17,10 @@ from activation_support import (
     register_destination,
     set_members,
 )
+from click.testing import CliRunner
 
 from cdp_assets.activation.audiences import audience_signatures
+from cdp_assets.activation.cli import destinations
 from cdp_assets.activation.destinations import Destination
 from cdp_assets.activation.triggers import (
     activation_every_48_hours,
@@ -167,3 +170,73 @@ def test_schedule_runs_the_assets_of_each_tenants_destinations(instance, url) ->
     assert request.asset_selection == [meta_custom_audiences.key]
     with dg.build_schedule_context(instance, off, resources=resources) as context:
         assert isinstance(activation_every_48_hours(context), dg.SkipReason)
+
+
+def test_after_a_reset_the_sensor_pushes_the_same_membership_again(instance, url) -> None:
+    """A run that failed on a deleted audience is not launched again for the same membership
+    (its run key is spent); once the operator resets the destination, the sensor's request
+    is a new one."""
+    with psycopg.connect(url) as conn:
+        add_tenant_with_customers(conn, "trig_gone", 300)
+        set_members(conn, "trig_gone", range(200))
+        register_destination(
+            conn,
+            Destination(
+                "trig_gone_meta",
+                "trig_gone",
+                "meta",
+                "55",
+                credential_refs={"access_token": "TRIGGER_META_TOKEN"},
+                recreate_deleted_audiences=False,
+            ),
+        )
+        rows = list_tenants(conn)
+        order = [*ORDER, "trig_gone"]
+        instance.add_dynamic_partitions(tenants.name, ["trig_gone"])
+        with MetaSandbox({"trigger-token": ["55"]}) as meta:
+            resources = {
+                "warehouse": WarehouseResource(url=url),
+                "meta": MetaResource(graph_url=meta.graph_url, retry_base_seconds=0.01),
+            }
+
+            def push() -> dg.ExecuteInProcessResult:
+                return dg.materialize(
+                    [meta_custom_audiences],
+                    partition_key="trig_gone",
+                    instance=instance,
+                    resources=resources,
+                    raise_on_error=False,
+                )
+
+            assert push().success
+            (audience,) = [a["id"] for a in meta.audiences("55") if a["name"].startswith("trig_g")]
+            graph = requests.delete(
+                f"{meta.graph_url}/v26.0/{audience}", params={"access_token": "trigger-token"}
+            )
+            assert graph.json() == {"success": True}
+            set_members(conn, "trig_gone", range(10, 210))
+            (failing,) = [
+                r
+                for r in change_requests(changed_audiences(conn), rows, order)
+                if r.partition_key == "trig_gone"
+            ]
+            assert not push().success
+            (again,) = [
+                r
+                for r in change_requests(changed_audiences(conn), rows, order)
+                if r.partition_key == "trig_gone"
+            ]
+            assert again.run_key == failing.run_key
+
+            reset = CliRunner().invoke(
+                destinations, ["reset", "trig_gone_meta"], env={"DATABASE_URL": url}
+            )
+            assert reset.exit_code == 0, reset.output
+            (after_reset,) = [
+                r
+                for r in change_requests(changed_audiences(conn), rows, order)
+                if r.partition_key == "trig_gone"
+            ]
+            assert after_reset.run_key != failing.run_key
+            assert push().success
+        assert "trig_gone" not in changed_audiences(conn)

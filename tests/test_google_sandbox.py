@@ -395,6 +395,29 @@ def test_dm_remove_members(sandbox: GoogleSandbox, datamanager: DataManager):
     assert removal.user_data_removal_status.record_count == 1
 
 
+def test_dm_a_deleted_list_is_not_found(sandbox: GoogleSandbox, datamanager: DataManager):
+    created = create_dm_list(datamanager)
+    ingest(datamanager, ingest_request(created, [email_member("gone@example.com")]))
+    datamanager.user_lists.delete_user_list(name=created.name, retry=None, timeout=TIMEOUT)
+    assert created.id not in [lst.list_id for lst in sandbox.user_lists()]
+    listed = datamanager.user_lists.list_user_lists(
+        parent=f"accountTypes/GOOGLE_ADS/accounts/{ACCOUNT}", retry=None, timeout=TIMEOUT
+    )
+    assert created.id not in [lst.id for lst in listed]
+    for call in (
+        lambda: datamanager.user_lists.get_user_list(name=created.name, retry=None),
+        lambda: datamanager.user_lists.delete_user_list(name=created.name, retry=None),
+    ):
+        with pytest.raises(exceptions.NotFound):
+            call()
+    with pytest.raises(exceptions.InvalidArgument) as raised:
+        ingest(datamanager, ingest_request(created, [email_member("late@example.com")]))
+    assert raised.value.reason == "INVALID_USER_LIST_ID"
+    assert bad_request_fields(raised.value) == ["destinations[0].product_destination_id"]
+    # Its display name is free again.
+    assert create_dm_list(datamanager, display_name=created.display_name).id != created.id
+
+
 def test_dm_remove_all_as_of_time_keeps_members_added_after_it(
     sandbox: GoogleSandbox, datamanager: DataManager
 ):
@@ -818,6 +841,40 @@ def test_ads_job_needs_an_existing_list_and_no_denied_consent(ads: Ads):
         "offline_user_data_job_error",
         "CUSTOMER_NOT_ACCEPTED_CUSTOMER_DATA_TERMS",
     )
+
+
+def test_ads_a_removed_list_takes_no_more_jobs(sandbox: GoogleSandbox, ads: Ads):
+    user_list = create_ads_list(ads)
+    started = create_job(ads, user_list)
+    add_operations(ads, started, [create_op(sha("early@example.com"))])
+    remove = list_types.UserListOperation(remove=user_list)
+    response = ads.user_lists.mutate_user_lists(
+        customer_id=ACCOUNT, operations=[remove], retry=None, timeout=TIMEOUT
+    )
+    assert response.results[0].resource_name == user_list
+    assert (
+        search(
+            ads, f"SELECT user_list.id FROM user_list WHERE user_list.resource_name = '{user_list}'"
+        )
+        == []
+    )
+    for call in (
+        lambda: create_job(ads, user_list),
+        lambda: ads.jobs.run_offline_user_data_job(resource_name=started, retry=None),
+    ):
+        with pytest.raises(GoogleAdsException) as raised:
+            call()
+        assert error_code(raised.value.failure.errors[0]) == (
+            "offline_user_data_job_error",
+            "INVALID_USER_LIST_ID",
+        )
+    with pytest.raises(GoogleAdsException) as raised:
+        ads.user_lists.mutate_user_lists(
+            customer_id=ACCOUNT, operations=[remove], retry=None, timeout=TIMEOUT
+        )
+    assert error_code(raised.value.failure.errors[0]) == ("mutate_error", "RESOURCE_NOT_FOUND")
+    with pytest.raises(KeyError):
+        sandbox.members(user_list)
 
 
 def test_ads_user_list_rules(ads: Ads):

@@ -171,6 +171,37 @@ def test_customer_file_audiences_are_capped_at_500_per_account(
     assert len(sandbox.audiences(CAP_ACCOUNT)) == 500
 
 
+def test_a_deleted_audience_is_gone_for_every_call(
+    sandbox: MetaSandbox, api: FacebookAdsApi, audience: CustomAudience
+) -> None:
+    add(audience, people(0, 3))
+    other = CustomAudience(audience["id"], api=graph_api(sandbox, OTHER_TOKEN))
+    assert graph_error(other.api_delete).api_error_code() == 200  # not its audience
+    assert api.call("DELETE", (audience["id"],)).json() == {"success": True}
+    assert audience["id"] not in [a["id"] for a in sandbox.audiences(ACCOUNT)]
+    listed = AdAccount(ACCOUNT, api=api).get_custom_audiences(fields=["id"])
+    assert audience["id"] not in [a["id"] for a in listed]
+    # Meta's answer for a node that no longer exists, whatever the call on it or its edges.
+    for call, method in [
+        (lambda: audience.api_get(fields=["name"]), "get"),
+        (lambda: add(audience, people(3, 4)), "post"),
+        (lambda: add(audience, people(0, 1), method="DELETE"), "post"),
+        (audience.api_delete, "delete"),
+    ]:
+        error = graph_error(call)
+        assert (error.http_status(), error.api_error_code(), error.api_error_subcode()) == (
+            400,
+            100,
+            33,
+        )
+        assert error.api_error_type() == "GraphMethodException"
+        assert error.api_error_message().startswith(
+            f"Unsupported {method} request. Object with ID '{audience['id']}' does not exist"
+        )
+    with pytest.raises(KeyError):
+        sandbox.members(audience["id"])
+
+
 # ----- adding and removing members ------------------------------------------------------------
 
 

@@ -14,7 +14,10 @@ from cdp_assets.activation.destinations import (
     DestinationError,
     add_audience,
     add_destination,
+    destination_exists,
+    forget_platform_state,
 )
+from cdp_assets.lib.ages import format_age
 from cdp_assets.lib.warehouse import migrated_url
 from cdp_assets.tenants.registry import SLUG
 
@@ -38,6 +41,18 @@ def destinations() -> None:
     """Add destinations (Meta, Google, VTEX collections), send audiences, read sync history."""
 
 
+def _require_slug(value: str, what: str) -> None:
+    if not SLUG.fullmatch(value):
+        raise click.BadParameter(f"{value[:80]!r} is not {what} (a slug)")
+
+
+def _require_destination(conn: psycopg.Connection, destination_id: str) -> None:
+    if not destination_exists(conn, destination_id):
+        raise click.ClickException(
+            f"no destination {destination_id!r} (cdp destinations list shows them)"
+        )
+
+
 @destinations.command("list")
 def destinations_list() -> None:
     """Every destination with its audiences."""
@@ -45,16 +60,18 @@ def destinations_list() -> None:
         rows = conn.execute(
             """
             SELECT d.destination_id, d.tenant_id, d.platform, d.account_id, d.active, d.dry_run,
+                   d.recreate_deleted_audiences,
                    string_agg(a.audience || CASE WHEN a.active THEN '' ELSE ' (off)' END, ', '
                               ORDER BY a.audience)
             FROM cdp.destinations d LEFT JOIN cdp.destination_audiences a USING (destination_id)
-            GROUP BY 1, 2, 3, 4, 5, 6 ORDER BY 2, 1
+            GROUP BY 1, 2, 3, 4, 5, 6, 7 ORDER BY 2, 1
             """
         ).fetchall()
     click.echo(f"{'destination':<30}{'tenant':<14}{'platform':<22}{'account':<14}  audiences")
-    for destination_id, tenant_id, platform, account, active, dry_run, audiences in rows:
+    for destination_id, tenant_id, platform, account, active, dry_run, recreate, audiences in rows:
         flags = "" if active else " [inactive]"
         flags += " [dry run]" if dry_run else ""
+        flags += "" if recreate else " [deleted audiences not recreated]"
         click.echo(
             f"{destination_id:<30}{tenant_id:<14}{platform:<22}{account:<14}"
             f"  {audiences or '-'}{flags}"
@@ -92,6 +109,13 @@ def destinations_list() -> None:
 )
 @click.option("--dry-run", is_flag=True, help="Compute and record every run, send nothing.")
 @click.option("--inactive", is_flag=True)
+@click.option(
+    "--recreate-deleted-audiences/--no-recreate-deleted-audiences",
+    default=True,
+    show_default=True,
+    help="An audience deleted on the platform is created again with every member; off, its"
+    " sync fails naming the cause until `cdp destinations reset`.",
+)
 def destinations_add(
     destination_id: str,
     tenant_id: str,
@@ -104,6 +128,7 @@ def destinations_add(
     max_removal_share: float,
     dry_run: bool,
     inactive: bool,
+    recreate_deleted_audiences: bool,
 ) -> None:
     """Add (or update) a destination of a tenant."""
     destination = Destination(
@@ -119,6 +144,7 @@ def destinations_add(
         max_removal_share,
         dry_run,
         not inactive,
+        recreate_deleted_audiences,
     )
     try:
         with _connect() as conn:
@@ -155,18 +181,49 @@ def destinations_audience(
     click.echo(f"{audience!r} {'off' if off else 'on'} for {destination_id!r}")
 
 
+@destinations.command("reset")
+@click.argument("destination_id")
+@click.option("--audience", default=None, help="Only this audience (default: every one).")
+def destinations_reset(destination_id: str, audience: str | None) -> None:
+    """Forget the platform's audience and what it confirmed: the next run creates the
+    audience anew and sends every member (after one was deleted on the platform)."""
+    _require_slug(destination_id, "a destination id")
+    if audience is not None:
+        _require_slug(audience, "an audience")
+    with _connect() as conn:
+        _require_destination(conn, destination_id)
+        forgotten = forget_platform_state(conn, destination_id, audience)
+        if audience is not None and not forgotten:
+            raise click.ClickException(
+                f"destination {destination_id!r} has no audience {audience!r}"
+            )
+    for entry in forgotten:
+        click.echo(
+            f"{destination_id}/{entry.audience}: forgot platform audience"
+            f" {entry.platform_audience_id or '(none yet)'} and {entry.confirmed_members}"
+            " confirmed members"
+        )
+    if forgotten:
+        click.echo("the next run creates the audience again and sends every member")
+    else:
+        click.echo(f"destination {destination_id!r} has no audiences: nothing to forget")
+
+
 @destinations.command("history")
 @click.argument("destination_id", required=False)
 @click.option("--limit", default=20, show_default=True)
 def destinations_history(destination_id: str | None, limit: int) -> None:
-    """The latest syncs (cdp.activation_runs), newest first."""
-    if destination_id is not None and not SLUG.fullmatch(destination_id):
-        raise click.BadParameter(f"{destination_id[:80]!r} is not a destination id (a slug)")
+    """The latest syncs (cdp.activation_runs), newest first, with their age; a sync still
+    running says for how long."""
+    if destination_id is not None:
+        _require_slug(destination_id, "a destination id")
     with _connect() as conn:
+        if destination_id is not None:
+            _require_destination(conn, destination_id)
         rows = conn.execute(
             """
-            SELECT started_at, destination_id, audience, status, added, removed,
-                   unchanged, rejected, coalesce(reason, '')
+            SELECT started_at, now() - started_at, destination_id, audience, status, added,
+                   removed, unchanged, rejected, coalesce(reason, '')
             FROM cdp.activation_runs
             WHERE %(destination)s::text IS NULL OR destination_id = %(destination)s
             ORDER BY activation_run_id DESC LIMIT %(limit)s
@@ -174,12 +231,14 @@ def destinations_history(destination_id: str | None, limit: int) -> None:
             {"destination": destination_id, "limit": limit},
         ).fetchall()
     click.echo(
-        f"{'started':<17}{'destination':<28}{'audience':<30}{'status':<9}"
+        f"{'started':<17}{'age':>7}  {'destination':<28}{'audience':<30}{'status':<10}"
         f"{'added':>7}{'removed':>8}{'unchanged':>10}{'rejected':>9}  reason"
     )
-    for started, dest, audience, status, *counts, reason in rows:
+    for started, age, dest, audience, status, *counts, reason in rows:
+        if status == "running":
+            reason = f"running for {format_age(age)}"
         click.echo(
-            f"{started:%Y-%m-%d %H:%M}  {dest:<28}{audience:<30}{status:<9}"
+            f"{started:%Y-%m-%d %H:%M}{format_age(age):>8}  {dest:<28}{audience:<30}{status:<10}"
             + "".join(f"{c:>{w}}" for c, w in zip(counts, (7, 8, 10, 9), strict=True))
             + f"  {reason[:80]}"
         )

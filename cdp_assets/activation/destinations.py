@@ -46,6 +46,9 @@ class Destination:
     max_removal_share: float = 0.5
     dry_run: bool = False
     active: bool = True
+    # An audience deleted on the platform is created again with every member; off, its sync
+    # fails naming the cause until `cdp destinations reset`.
+    recreate_deleted_audiences: bool = True
 
     def validate(self) -> None:
         problems = []
@@ -110,8 +113,9 @@ class DestinationAudience:
 _COLUMNS = (
     "destination_id, tenant_id, platform, account_id, login_account_id, credential_refs,"
     " ad_user_data_consent, ad_personalization_consent, min_audience_size, max_removal_share,"
-    " dry_run, active"
+    " dry_run, active, recreate_deleted_audiences"
 )
+_COLUMN_COUNT = len(_COLUMNS.split(","))
 
 
 def _destination(row: tuple[Any, ...]) -> Destination:
@@ -175,7 +179,9 @@ def destination_audiences(
         """,
         (tenant_id, list(platforms)),
     ).fetchall()
-    return [DestinationAudience(_destination(row[:12]), row[12], row[13], row[14]) for row in rows]
+    return [
+        DestinationAudience(_destination(row[:_COLUMN_COUNT]), *row[_COLUMN_COUNT:]) for row in rows
+    ]
 
 
 def set_platform_audience_id(
@@ -186,3 +192,53 @@ def set_platform_audience_id(
         " WHERE destination_id = %s AND audience = %s",
         (platform_audience_id, destination_id, audience),
     )
+
+
+def destination_exists(conn: psycopg.Connection, destination_id: str) -> bool:
+    row = conn.execute(
+        "SELECT 1 FROM cdp.destinations WHERE destination_id = %s", (destination_id,)
+    ).fetchone()
+    return row is not None
+
+
+@dataclass(frozen=True)
+class ForgottenAudience:
+    """What was forgotten of one destination audience: the platform's id for it, if it had
+    one, and how many members the platform had confirmed."""
+
+    audience: str
+    platform_audience_id: str | None
+    confirmed_members: int
+
+
+def forget_platform_state(
+    conn: psycopg.Connection, destination_id: str, audience: str | None = None
+) -> list[ForgottenAudience]:
+    """Forget what the platform held for an audience of the destination (every audience when
+    `audience` is None): its id there, the members it confirmed and the membership signature
+    last synced. The next sync creates the audience anew and sends every member. Not
+    committed: the caller's transaction decides."""
+    rows = conn.execute(
+        """
+        WITH forgotten AS (
+            SELECT audience, platform_audience_id FROM cdp.destination_audiences
+            WHERE destination_id = %(destination_id)s
+              AND (%(audience)s::text IS NULL OR audience = %(audience)s)
+            FOR UPDATE
+        ), confirmed AS (
+            DELETE FROM cdp.destination_members m USING forgotten f
+            WHERE m.destination_id = %(destination_id)s AND m.audience = f.audience
+            RETURNING m.audience
+        ), cleared AS (
+            UPDATE cdp.destination_audiences a
+               SET platform_audience_id = NULL, synced_signature = NULL
+            FROM forgotten f
+            WHERE a.destination_id = %(destination_id)s AND a.audience = f.audience
+        )
+        SELECT f.audience, f.platform_audience_id,
+               (SELECT count(*) FROM confirmed c WHERE c.audience = f.audience)
+        FROM forgotten f ORDER BY f.audience
+        """,
+        {"destination_id": destination_id, "audience": audience},
+    ).fetchall()
+    return [ForgottenAudience(*row) for row in rows]

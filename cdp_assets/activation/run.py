@@ -5,7 +5,9 @@ over several (every tenant's materialization carries the run's metadata; a row p
 of every tenant made each of them 150 KB at seed, 41 times over). Every sync is also a row of
 `cdp.activation_runs` (`cdp destinations history`).
 
-A failing destination does not stop the others; the asset fails at the end, naming them.
+A failing destination does not stop the others; the asset fails at the end, naming each
+failed destination audience with its reason. Each run first closes the history rows that runs
+killed mid-sync left open (`history.py`).
 """
 
 from __future__ import annotations
@@ -31,15 +33,19 @@ from cdp_assets.activation.destinations import (
     DestinationAudience,
     destination_audiences,
 )
+from cdp_assets.activation.history import close_abandoned_runs
 from cdp_assets.activation.sync import (
     MemberSource,
     Platform,
     SyncOptions,
     SyncOutcome,
+    error_reason,
     record_failure,
     refresh_state_statistics,
+    shortened,
     sync_audience,
 )
+from cdp_assets.lib.redaction import redact
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.tenants.registry import get_tenant
 
@@ -180,20 +186,40 @@ def _sync_destination(
                 platform = platform_for(destination)
             source, signature = members_for(reader, target), signature_for(conn, target)
         except Exception as error:
-            outcome = record_failure(conn, target, options, f"{type(error).__name__}: {error}")
+            outcome = record_failure(conn, target, options, error_reason(error))
         else:
             try:
                 outcome = sync_audience(conn, target, source, platform, options, signature)
-            except Exception as error:  # recorded in the history by sync_audience
+            except Exception as error:  # its history row could not be written
                 outcome = SyncOutcome(
                     destination.destination_id,
                     target.audience,
                     destination.platform,
                     "failed",
-                    f"{type(error).__name__}: {error}"[:500],
+                    error_reason(error),
                 )
         outcomes.append(outcome)
     return outcomes
+
+
+# The run's failure becomes its row of `cdp.sync_errors` (1,000 characters, Dagster's own
+# prefix included) and the alert's text.
+FAILURE_LENGTH = 900
+
+
+def failure_description(outcomes: list[SyncOutcome]) -> str:
+    """Why the run failed: each failed destination audience with its reason (the platform's
+    error code and message), credentials masked, at most FAILURE_LENGTH characters."""
+    failed = [o for o in outcomes if o.status == "failed"]
+    others = " (the others went on)" if len(outcomes) > len(failed) else ""
+    reasons = "; ".join(f"{o.destination_id}/{o.audience}: {o.reason}" for o in failed)
+    return shortened(
+        redact(
+            f"activation failed for {len(failed)} of {len(outcomes)} destination audiences"
+            f"{others}: {reasons}"
+        ),
+        FAILURE_LENGTH,
+    )
 
 
 def _without_jit(conn: psycopg.Connection) -> psycopg.Connection:
@@ -220,12 +246,18 @@ def activate(
     `signature_for(writer, target)` are called from the workers."""
     tenant_ids = sorted(context.partition_keys)
     with connect() as conn:
+        abandoned = close_abandoned_runs(conn, context.instance)
         targets = [
             target
             for tenant_id in tenant_ids
             for target in destination_audiences(conn, tenant_id, platforms)
             if not config.destinations or target.destination.destination_id in config.destinations
         ]
+    if abandoned:
+        context.log.warning(
+            f"{abandoned} syncs were left running by runs that ended before them: closed as"
+            " 'abandoned' (cdp destinations history)"
+        )
     options = SyncOptions(config.dry_run, config.full_replace, config.force, context.run.run_id)
     by_destination: dict[str, list[DestinationAudience]] = {}
     for target in targets:
@@ -266,13 +298,12 @@ def activate(
         context.log.info(line)
     metadata = activation_metadata(outcomes, tenant_of, several_tenants=len(tenant_ids) > 1)
     metadata["sync_state_analyzed"] = dg.MetadataValue.bool(analyzed)
-    failed = [f"{o.destination_id}/{o.audience}" for o in outcomes if o.status == "failed"]
-    if failed:
+    if any(o.status == "failed" for o in outcomes):
         # The platforms already retried transient errors with backoff inside this run, and
         # state is kept per confirmed batch: what failed here is left to the next trigger
         # rather than re-running every destination of the tenant now.
         raise dg.Failure(
-            description=f"activation failed for {', '.join(failed)}; the others were synced",
+            description=failure_description(outcomes),
             metadata=metadata,
             allow_retries=False,
         )

@@ -11,6 +11,10 @@ new one, and a platform keyed on the external id must not drop the new row). Sta
 committed after each batch the platform confirmed, so a run cut short resumes where it
 stopped, and members the platform rejected stay out of the state: the next run sends them
 again. A full replace copies the unchanged members too, as it sends everyone.
+
+An audience deleted on the platform (its adapter raises `AudienceGone`) is forgotten with
+the state it held, created again and sent every member, within the same sync; a destination
+can turn that off, and its sync then fails naming the cause.
 """
 
 from __future__ import annotations
@@ -25,7 +29,12 @@ import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from cdp_assets.activation.destinations import DestinationAudience, set_platform_audience_id
+from cdp_assets.activation.destinations import (
+    DestinationAudience,
+    forget_platform_state,
+    set_platform_audience_id,
+)
+from cdp_assets.lib.redaction import redact
 
 Row = list[str]
 
@@ -38,8 +47,21 @@ class BatchResult:
     requests: int = 1
 
 
+class AudienceGone(Exception):
+    """The platform no longer has the audience: deleted in its ads manager, or by the
+    platform's own clean-up. Every call on its id fails for good; only a new audience can
+    take the members. `code` and `message` are the platform's own."""
+
+    def __init__(self, platform_audience_id: str, code: str, message: str) -> None:
+        super().__init__(
+            f"audience {platform_audience_id} no longer exists on the platform ({code}: {message})"
+        )
+        self.platform_audience_id, self.code, self.message = platform_audience_id, code, message
+
+
 class Platform(Protocol):
-    """One destination's API, already authenticated; rows are in the platform's key order."""
+    """One destination's API, already authenticated; rows are in the platform's key order.
+    A call on an audience the platform no longer has raises `AudienceGone`."""
 
     batch_size: int
 
@@ -85,6 +107,20 @@ class SyncOutcome:
         row = asdict(self)
         row["match_info"] = ", ".join(f"{k}={v}" for k, v in self.match_info.items())
         return row
+
+
+REASON_LENGTH = 500
+
+
+def error_reason(error: Exception, limit: int = REASON_LENGTH) -> str:
+    """A failure as the history, the logs and the run's failure tell it: its type and text,
+    credentials masked (a platform's error may quote the request, token included), at most
+    `limit` characters."""
+    return shortened(redact(f"{type(error).__name__}: {error}"), limit)
+
+
+def shortened(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def fingerprint(row: Row) -> str:
@@ -350,6 +386,10 @@ def _finish_run(conn: psycopg.Connection, run: int, outcome: SyncOutcome) -> Non
     conn.commit()
 
 
+def _is_dry_run(target: DestinationAudience, options: SyncOptions) -> bool:
+    return options.dry_run or target.destination.dry_run
+
+
 def sync_audience(
     conn: psycopg.Connection,
     target: DestinationAudience,
@@ -358,66 +398,139 @@ def sync_audience(
     options: SyncOptions,
     signature: str | None = None,
 ) -> SyncOutcome:
-    """Bring one destination audience to the desired membership; returns what happened.
+    """Bring one destination audience to the desired membership; returns what happened, a
+    failure included, as recorded in the history.
 
     ``signature`` is the audience's membership signature, stored once the sync completes so
     the change sensor knows this membership has been pushed.
     """
     started = time.monotonic()
     destination = target.destination
-    dry_run = options.dry_run or destination.dry_run
-    key = {"destination_id": destination.destination_id, "audience": target.audience}
     outcome = SyncOutcome(destination.destination_id, target.audience, destination.platform, "")
-    run = _start_run(conn, target, options, dry_run)
+    run = _start_run(conn, target, options, _is_dry_run(target, options))
     try:
-        loaded, outcome.unmatchable = _load_fresh(conn, members, platform)
-        if options.full_replace:
-            loaded += _load_confirmed(conn, members)
-        if loaded >= ANALYZE_FROM_ROWS:
-            conn.execute("ANALYZE desired_members")
-        to_remove = _find_leaving(conn, members, key)
-        confirmed, to_add = _counts(conn, key)
-        # Every confirmed row that stays is a desired member as the destination holds it.
-        outcome.unchanged = confirmed - to_remove
-        outcome.desired = outcome.unchanged + to_add
-        if options.full_replace:
-            to_add, to_remove = outcome.desired, confirmed
-        outcome.status, outcome.reason = _verdict(
-            outcome.desired, confirmed, to_remove, target, options, dry_run
-        )
-        if outcome.status in ("skipped", "refused"):
-            return outcome
-        if dry_run:
-            outcome.added, outcome.removed = to_add, to_remove
-            return outcome
-        platform_id = target.platform_audience_id or platform.ensure_audience(target)
-        if platform_id != target.platform_audience_id:
-            set_platform_audience_id(conn, destination.destination_id, target.audience, platform_id)
-            conn.commit()
-        if options.full_replace:
-            _replace(conn, key, platform, platform_id, outcome)
-        else:
-            _send_diff(conn, key, run, platform, platform_id, outcome, to_remove, to_add)
-        # Nothing sent, nothing asked: an unchanged audience costs the platform no call, and
-        # what it reported last still stands.
-        outcome.match_info = (
-            platform.match_info(platform_id) if outcome.requests else _last_match_info(conn, key)
-        )
-        if signature is not None and outcome.rejected == 0:
-            conn.execute(
-                f"UPDATE cdp.destination_audiences SET synced_signature = %(signature)s"
-                f" WHERE {_STATE}",
-                {**key, "signature": signature},
+        try:
+            _sync(conn, target, members, platform, options, run, outcome, signature)
+        except AudienceGone as gone:
+            conn.rollback()
+            outcome = _after_deletion(
+                conn, target, members, platform, options, run, signature, gone
             )
-        outcome.status = "synced"
-        return outcome
     except Exception as error:
         conn.rollback()
-        outcome.status, outcome.reason = "failed", f"{type(error).__name__}: {error}"[:500]
-        raise
+        outcome.status, outcome.reason = "failed", error_reason(error)
     finally:
         outcome.seconds = round(time.monotonic() - started, 3)
         _finish_run(conn, run, outcome)
+    return outcome
+
+
+def _after_deletion(
+    conn: psycopg.Connection,
+    target: DestinationAudience,
+    members: MemberSource,
+    platform: Platform,
+    options: SyncOptions,
+    run: int,
+    signature: str | None,
+    gone: AudienceGone,
+) -> SyncOutcome:
+    """The platform deleted the audience. Unless the destination says otherwise, forget it
+    and what it held and sync again: the audience is created anew and, nothing being
+    confirmed any more, every member is sent to it. The reason names the deletion whatever
+    follows."""
+    destination = target.destination
+    outcome = SyncOutcome(
+        destination.destination_id, target.audience, destination.platform, "failed"
+    )
+    if not destination.recreate_deleted_audiences:
+        outcome.reason = _deletion_reason(
+            gone,
+            "; this destination does not recreate deleted audiences: run `cdp destinations"
+            f" reset {destination.destination_id} --audience {target.audience}` and the next"
+            " run creates it again",
+        )
+        return outcome
+    forget_platform_state(conn, destination.destination_id, target.audience)
+    conn.commit()
+    anew = DestinationAudience(destination, target.audience, target.params, None)
+    try:
+        created = _sync(conn, anew, members, platform, options, run, outcome, signature)
+    except Exception as error:
+        conn.rollback()
+        outcome.status = "failed"
+        outcome.reason = _deletion_reason(
+            gone, f"; forgot it, and creating it again failed: {error_reason(error, 200)}"
+        )
+        return outcome
+    done = f"; created {created} and sent every member to it" if created else "; forgot it"
+    outcome.reason = _deletion_reason(
+        gone, done + (f"; {outcome.reason}" if outcome.reason else "")
+    )
+    return outcome
+
+
+def _deletion_reason(gone: AudienceGone, then: str) -> str:
+    """The platform's code and message for the deletion, shortened to leave room for what
+    became of it."""
+    return error_reason(gone, REASON_LENGTH - len(then)) + then
+
+
+def _sync(
+    conn: psycopg.Connection,
+    target: DestinationAudience,
+    members: MemberSource,
+    platform: Platform,
+    options: SyncOptions,
+    run: int,
+    outcome: SyncOutcome,
+    signature: str | None,
+) -> str | None:
+    """One pass of `sync_audience`, filling `outcome`; the platform's id of the audience, or
+    None when nothing was to be sent (skipped, refused, a dry run)."""
+    destination = target.destination
+    dry_run = _is_dry_run(target, options)
+    key = {"destination_id": destination.destination_id, "audience": target.audience}
+    loaded, outcome.unmatchable = _load_fresh(conn, members, platform)
+    if options.full_replace:
+        loaded += _load_confirmed(conn, members)
+    if loaded >= ANALYZE_FROM_ROWS:
+        conn.execute("ANALYZE desired_members")
+    to_remove = _find_leaving(conn, members, key)
+    confirmed, to_add = _counts(conn, key)
+    # Every confirmed row that stays is a desired member as the destination holds it.
+    outcome.unchanged = confirmed - to_remove
+    outcome.desired = outcome.unchanged + to_add
+    if options.full_replace:
+        to_add, to_remove = outcome.desired, confirmed
+    outcome.status, outcome.reason = _verdict(
+        outcome.desired, confirmed, to_remove, target, options, dry_run
+    )
+    if outcome.status in ("skipped", "refused"):
+        return None
+    if dry_run:
+        outcome.added, outcome.removed = to_add, to_remove
+        return None
+    platform_id = target.platform_audience_id or platform.ensure_audience(target)
+    if platform_id != target.platform_audience_id:
+        set_platform_audience_id(conn, destination.destination_id, target.audience, platform_id)
+        conn.commit()
+    if options.full_replace:
+        _replace(conn, key, platform, platform_id, outcome)
+    else:
+        _send_diff(conn, key, run, platform, platform_id, outcome, to_remove, to_add)
+    # Nothing sent, nothing asked: an unchanged audience costs the platform no call, and
+    # what it reported last still stands.
+    outcome.match_info = (
+        platform.match_info(platform_id) if outcome.requests else _last_match_info(conn, key)
+    )
+    if signature is not None and outcome.rejected == 0:
+        conn.execute(
+            f"UPDATE cdp.destination_audiences SET synced_signature = %(signature)s WHERE {_STATE}",
+            {**key, "signature": signature},
+        )
+    outcome.status = "synced"
+    return platform_id
 
 
 def _verdict(

@@ -11,7 +11,7 @@ import dagster as dg
 import psycopg
 
 from cdp_assets.activation.audiences import audience_signatures, audience_views
-from cdp_assets.analytics.schedules import on_48_hour_cadence
+from cdp_assets.analytics.schedules import FORTY_EIGHT_HOUR_CADENCE, on_48_hour_cadence
 from cdp_assets.google.assets import google_customer_match
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.meta.assets import meta_custom_audiences
@@ -39,10 +39,14 @@ activation_push = dg.define_asset_job(
 
 def changed_audiences(conn: psycopg.Connection) -> dict[str, dict[str, set[str]]]:
     """tenant -> platform -> signatures of the audiences whose membership changed since
-    their last completed sync, over active ad destinations of active tenants."""
+    their last completed sync, over active ad destinations of active tenants.
+
+    A signature carries the platform's id of the audience as well: once a failed push's
+    audience is forgotten (`cdp destinations reset`, or a deleted audience being created
+    anew), the same membership is a new request, not the failed run's spent run key."""
     rows = conn.execute(
         """
-        SELECT d.tenant_id, d.platform, a.audience, a.synced_signature
+        SELECT d.tenant_id, d.platform, a.audience, a.synced_signature, a.platform_audience_id
         FROM cdp.destinations d
         JOIN cdp.destination_audiences a USING (destination_id)
         JOIN cdp.tenants t USING (tenant_id)
@@ -51,7 +55,7 @@ def changed_audiences(conn: psycopg.Connection) -> dict[str, dict[str, set[str]]
     ).fetchall()
     views = audience_views(conn)
     tenants_of: dict[str, set[str]] = defaultdict(set)
-    for tenant_id, _, audience, _ in rows:
+    for tenant_id, _, audience, _, _ in rows:
         tenants_of[audience].add(tenant_id)
     signatures = {
         audience: audience_signatures(conn, audience, tenant_ids)
@@ -59,12 +63,14 @@ def changed_audiences(conn: psycopg.Connection) -> dict[str, dict[str, set[str]]
         if audience in views
     }
     changed: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
-    for tenant_id, platform, audience, synced in rows:
+    for tenant_id, platform, audience, synced, platform_audience_id in rows:
         if audience not in signatures:
             continue
         signature = signatures[audience][tenant_id]
         if signature != synced:
-            changed[tenant_id][platform].add(f"{audience}={signature}")
+            changed[tenant_id][platform].add(
+                f"{audience}={signature}@{platform_audience_id or 'new'}"
+            )
     return changed
 
 
@@ -124,11 +130,14 @@ def change_requests(
     job=activation_push,
     minimum_interval_seconds=60,
     default_status=dg.DefaultSensorStatus.RUNNING,
+    description="Every minute, pushes the audiences whose membership changed since their last"
+    " sync: one run per destination asset (Meta, Google, VTEX collections) and block of"
+    " neighbouring tenants with a change on its platforms. The same change never launches"
+    " twice.",
 )
 def audience_changes_sensor(
     context: dg.SensorEvaluationContext, warehouse: WarehouseResource
 ) -> list[dg.RunRequest] | dg.SkipReason:
-    """Pushes an audience whose membership changed, within one tick (one minute)."""
     with warehouse.connect() as conn:
         changed = changed_audiences(conn)
     requests = change_requests(changed, *tenants_with_partitions(context, warehouse))
@@ -155,11 +164,13 @@ def cadence_requests(
     cron_schedule="0 10 * * *",
     execution_timezone=TIMEZONE,
     default_status=dg.DefaultScheduleStatus.RUNNING,
+    description="Every active destination of every active tenant pushed every 48 hours, at"
+    " 10:00 (Buenos Aires): one run per destination asset and block of neighbouring tenants."
+    f" {FORTY_EIGHT_HOUR_CADENCE}",
 )
 def activation_every_48_hours(
     context: dg.ScheduleEvaluationContext, warehouse: WarehouseResource
 ) -> list[dg.RunRequest] | dg.SkipReason:
-    """Every active destination of every active tenant, every 48 hours at 10:00."""
     platforms_of: dict[str, set[str]] = defaultdict(set)
     with warehouse.connect() as conn:
         for tenant_id, platform in conn.execute(

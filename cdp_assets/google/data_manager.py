@@ -8,6 +8,10 @@ with backoff (the client never retries it); the per-day quota is not worth waiti
 Full replace follows Google's documented safe flow: note a time T, ingest every member,
 then remove the members whose last addition is older than T.
 
+A call on a user list deleted in Google Ads raises ``AudienceGone``: NOT_FOUND (reading the
+list), or INVALID_ARGUMENT naming INVALID_USER_LIST_ID (ingesting into it or removing from
+it; which of the two the live API answers there is unverified, so both are taken).
+
 For the loopback sandbox the clients get an insecure channel: the library dials only TLS with
 credentials, and with a channel given its transport never looks for credentials.
 """
@@ -32,7 +36,7 @@ from google.api_core import exceptions as gexc
 from google.protobuf import duration_pb2
 
 from cdp_assets.activation.destinations import Destination, DestinationAudience
-from cdp_assets.activation.sync import BatchResult, Row
+from cdp_assets.activation.sync import AudienceGone, BatchResult, Row
 from cdp_assets.lib.retry import with_backoff
 
 BATCH_SIZE = 10_000  # documented members per request
@@ -76,6 +80,19 @@ def retryable(error: Exception) -> bool:
         quota = (getattr(error, "metadata", None) or {}).get("quota_limit", "")
         return not quota.endswith("PerDayPerProject")
     return isinstance(error, RETRYABLE)
+
+
+def list_missing(error: gexc.GoogleAPICallError) -> bool:
+    """Whether the API says the user list the call names does not exist."""
+    return isinstance(error, gexc.NotFound) or (
+        isinstance(error, gexc.InvalidArgument) and error.reason == "INVALID_USER_LIST_ID"
+    )
+
+
+def error_code(error: gexc.GoogleAPICallError) -> str:
+    """The status and Google's reason, e.g. ``INVALID_ARGUMENT INVALID_USER_LIST_ID``."""
+    status = error.grpc_status_code.name if error.grpc_status_code else str(error.code)
+    return f"{status} {error.reason}" if error.reason else status
 
 
 def rejected_members(error: gexc.InvalidArgument) -> dict[int, str]:
@@ -125,13 +142,21 @@ class DataManagerAudiences:
             else []
         )
 
-    def _call(self, fn: Any, request: Any) -> Any:
-        return with_backoff(
-            lambda: fn(request=request, retry=None, timeout=CALL_TIMEOUT, metadata=self.metadata),
-            retryable,
-            attempts=self.attempts,
-            base_seconds=self.retry_base_seconds,
-        )
+    def _call(self, fn: Any, request: Any, *, audience: str | None = None) -> Any:
+        """``audience``: the user list the call is on, gone when the API says it is missing."""
+        try:
+            return with_backoff(
+                lambda: fn(
+                    request=request, retry=None, timeout=CALL_TIMEOUT, metadata=self.metadata
+                ),
+                retryable,
+                attempts=self.attempts,
+                base_seconds=self.retry_base_seconds,
+            )
+        except gexc.GoogleAPICallError as error:
+            if audience is not None and list_missing(error):
+                raise AudienceGone(audience, error_code(error), error.message) from None
+            raise
 
     def matchable(self, row: Row) -> bool:
         return bool(row[0] or row[1])
@@ -188,7 +213,7 @@ class DataManagerAudiences:
             for row in rows
         ]
 
-    def _send(self, rows: list[Row], build: Any, fn: Any) -> BatchResult:
+    def _send(self, platform_id: str, rows: list[Row], build: Any, fn: Any) -> BatchResult:
         """Send rows; members the API names as bad are set aside and the rest re-sent."""
         rejected: dict[int, str] = {}
         requests = 0
@@ -198,7 +223,7 @@ class DataManagerAudiences:
                 return BatchResult(rejected, requests)
             requests += 1
             try:
-                response = self._call(fn, build([rows[i] for i in positions]))
+                response = self._call(fn, build([rows[i] for i in positions]), audience=platform_id)
             except gexc.InvalidArgument as error:
                 named = rejected_members(error)
                 if not named:
@@ -225,6 +250,7 @@ class DataManagerAudiences:
 
     def add(self, platform_id: str, rows: list[Row]) -> BatchResult:
         return self._send(
+            platform_id,
             rows,
             lambda batch: self._ingest_request(platform_id, batch),
             self.clients.ingestion.ingest_audience_members,
@@ -232,6 +258,7 @@ class DataManagerAudiences:
 
     def remove(self, platform_id: str, rows: list[Row]) -> BatchResult:
         return self._send(
+            platform_id,
             rows,
             lambda batch: dm.RemoveAudienceMembersRequest(
                 destinations=self._destinations(platform_id),
@@ -253,12 +280,15 @@ class DataManagerAudiences:
             dm.RemoveAllAudienceMembersRequest(
                 destinations=self._destinations(platform_id), remove_as_of_time=as_of
             ),
+            audience=platform_id,
         )
         return BatchResult(requests=requests + 1)
 
     def match_info(self, platform_id: str) -> dict[str, Any]:
         info: dict[str, Any] = {}
-        user_list = self._call(self.clients.user_lists.get_user_list, {"name": platform_id})
+        user_list = self._call(
+            self.clients.user_lists.get_user_list, {"name": platform_id}, audience=platform_id
+        )
         if user_list.size_info:
             info["search_size"] = user_list.size_info.search_network_members_count
             info["display_size"] = user_list.size_info.display_network_members_count

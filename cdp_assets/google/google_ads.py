@@ -5,6 +5,7 @@ Data Manager API (`data_manager.py`). Each batch is its own job (create with con
 operations with partial failure, run, wait), so a member is recorded as confirmed only once
 Google finished processing it; adds and removes never share a job, as Google advises.
 The operations Google rejects (partial failure, by index) are recorded and re-sent next run.
+A job on a user list removed in Google Ads fails with one of ``LIST_GONE``: ``AudienceGone``.
 
 For the loopback sandbox the services get an insecure channel (the library dials only TLS
 with credentials), which keeps the library's own interceptors: the metadata one adds the
@@ -56,7 +57,7 @@ from google.ads.googleads.v26.services.types.user_list_service import UserListOp
 from google.api_core import exceptions as gexc
 
 from cdp_assets.activation.destinations import Destination, DestinationAudience
-from cdp_assets.activation.sync import BatchResult, Row
+from cdp_assets.activation.sync import AudienceGone, BatchResult, Row
 from cdp_assets.lib.retry import with_backoff
 
 # 2 identifiers per operation: 50,000 operations stay under the 100,000 identifiers a
@@ -70,6 +71,17 @@ RETRYABLE = (
     gexc.ServiceUnavailable,
     gexc.InternalServerError,
     gexc.DeadlineExceeded,
+)
+
+# What Google Ads answers for a job on a user list that no longer exists: the job's
+# INVALID_USER_LIST_ID ("The user list ID provided for the job is invalid"), which is what
+# integrations report once the list was deleted (segment-boneyard/segment-docs#6043), or the
+# generic RESOURCE_NOT_FOUND. UNVERIFIED against the live API: which one it gives, and when.
+LIST_GONE = frozenset(
+    {
+        ("offline_user_data_job_error", "INVALID_USER_LIST_ID"),
+        ("mutate_error", "RESOURCE_NOT_FOUND"),
+    }
 )
 
 
@@ -120,6 +132,17 @@ def retryable(error: Exception) -> bool:
     return isinstance(error, RETRYABLE)
 
 
+def list_missing(error: GoogleAdsException) -> tuple[str, str] | None:
+    """(``error_code=NAME``, Google's message) when the failure says the list is gone."""
+    for failure in error.failure.errors:
+        code = failure.error_code
+        member = type(code).pb(code).WhichOneof("error_code")
+        name = getattr(code, member).name if member else ""
+        if (member, name) in LIST_GONE:
+            return f"{member}={name}", failure.message
+    return None
+
+
 def failed_operations(response: Any) -> dict[int, str]:
     """Operation index -> Google's message, from a partial-failure response."""
     status = response.partial_failure_error
@@ -165,13 +188,20 @@ class GoogleAdsAudiences:
         self.job_timeout = job_timeout_seconds
         self.last_match_rate_range: str | None = None
 
-    def _call(self, fn: Any, **kwargs: Any) -> Any:
-        return with_backoff(
-            lambda: fn(**kwargs),
-            retryable,
-            attempts=self.attempts,
-            base_seconds=self.retry_base_seconds,
-        )
+    def _call(self, fn: Any, *, audience: str | None = None, **kwargs: Any) -> Any:
+        """``audience``: the user list the call is on, gone when Google says it is missing."""
+        try:
+            return with_backoff(
+                lambda: fn(**kwargs),
+                retryable,
+                attempts=self.attempts,
+                base_seconds=self.retry_base_seconds,
+            )
+        except GoogleAdsException as error:
+            missing = list_missing(error) if audience is not None else None
+            if missing is not None:
+                raise AudienceGone(audience, *missing) from None
+            raise
 
     def _search(self, query: str) -> Any:
         return self._call(self.services.search.search, customer_id=self.customer_id, query=query)
@@ -207,6 +237,7 @@ class GoogleAdsAudiences:
         )
         response = self._call(
             self.services.jobs.create_offline_user_data_job,
+            audience=platform_id,
             customer_id=self.customer_id,
             job=job,
         )
@@ -221,6 +252,7 @@ class GoogleAdsAudiences:
         for chunk in operations:
             response = self._call(
                 self.services.jobs.add_offline_user_data_job_operations,
+                audience=platform_id,
                 request=AddOfflineUserDataJobOperationsRequest(
                     resource_name=job, enable_partial_failure=True, operations=chunk
                 ),
@@ -228,7 +260,9 @@ class GoogleAdsAudiences:
             failed.update({offset + i: m for i, m in failed_operations(response).items()})
             offset += len(chunk)
             requests += 1
-        operation = self._call(self.services.jobs.run_offline_user_data_job, resource_name=job)
+        operation = self._call(
+            self.services.jobs.run_offline_user_data_job, audience=platform_id, resource_name=job
+        )
         operation.result(timeout=self.job_timeout)
         self._check_job(job)
         return BatchResult(rejected=failed, requests=requests + 2)

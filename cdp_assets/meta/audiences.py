@@ -9,7 +9,10 @@ Rows are pre-hashed (``META_SCHEMA``, our own normalization) and sent with the S
 - its exceptions print every request parameter, i.e. the whole batch, so they are replaced
   by ``MetaError`` holding only Meta's code, subcode and message;
 - a request that never got an answer raises ``requests``' error, whose text holds the URL
-  and so the access token of a GET: it becomes a transient ``MetaError`` without the query.
+  and so the access token of a GET: it becomes a transient ``MetaError`` without the query;
+- a call on an audience deleted in Ads Manager is Graph's error for a missing object (code
+  100, subcode 33): it becomes ``AudienceGone``, which the sync answers by creating the
+  audience again.
 """
 
 from __future__ import annotations
@@ -27,12 +30,17 @@ from facebook_business.session import FacebookSession
 
 from cdp_assets.activation.destinations import DestinationAudience
 from cdp_assets.activation.identifiers import META_SCHEMA
-from cdp_assets.activation.sync import BatchResult, Row
+from cdp_assets.activation.sync import AudienceGone, BatchResult, Row
 from cdp_assets.lib.retry import with_backoff
 
 BATCH_SIZE = 10_000  # Meta's documented maximum rows per /users request
 # Business-use-case, user, ad-account and app rate limits.
 RATE_LIMIT_CODES = frozenset({80003, 17, 613, 4, 32})
+# "Unsupported post request. Object with ID '...' does not exist, cannot be loaded due to
+# missing permissions, or does not support this operation": Graph's only answer for a node
+# that is gone (facebook/facebook-python-business-sdk#239). It is the same for an audience
+# the token may no longer read, which then gets a new audience beside it.
+MISSING_OBJECT = (100, 33)
 QUERY_STRING = re.compile(r"\?[^\s'\"]*")  # of a URL quoted in an error: holds access_token
 
 
@@ -148,18 +156,31 @@ class MetaAudiences:
         self.retries = 0
 
     def _call(
-        self, method: str, path: tuple[str, ...], params: dict[str, Any], expect: str
+        self,
+        method: str,
+        path: tuple[str, ...],
+        params: dict[str, Any],
+        expect: str,
+        *,
+        audience: str | None = None,
     ) -> dict[str, Any]:
-        """The JSON body of a successful call holding ``expect``, retried when Meta says so."""
+        """The JSON body of a successful call holding ``expect``, retried when Meta says so.
+        ``audience``: the audience the call is on, gone when Graph says it is missing."""
 
         def attempt() -> dict[str, Any]:
             try:
                 return _checked(self.api.call(method, path, params=params), expect)
             except FacebookRequestError as error:
+                code, subcode = error.api_error_code(), error.api_error_subcode()
+                message = str(error.api_error_message())
+                if audience is not None and (code, subcode) == MISSING_OBJECT:
+                    raise AudienceGone(
+                        audience, f"code={code} subcode={subcode}", message
+                    ) from None
                 raise MetaError(
-                    str(error.api_error_message()),
-                    code=error.api_error_code(),
-                    subcode=error.api_error_subcode(),
+                    message,
+                    code=code,
+                    subcode=subcode,
                     status=error.http_status(),
                     transient=bool(error.api_transient_error()),
                 ) from None
@@ -216,7 +237,9 @@ class MetaAudiences:
         }
         if remove:
             params["method"] = "DELETE"
-        body = self._call("POST", (platform_id, "users"), params, "num_received")
+        body = self._call(
+            "POST", (platform_id, "users"), params, "num_received", audience=platform_id
+        )
         return BatchResult(rejected=_invalid_rows(body, len(rows)))
 
     def add(self, platform_id: str, rows: list[Row]) -> BatchResult:
@@ -237,13 +260,15 @@ class MetaAudiences:
                 "payload": {"schema": META_SCHEMA, "data": rows},
                 "session": {"session_id": session_id, "batch_seq": seq, "last_batch_flag": last},
             }
-            self._call("POST", (platform_id, "usersreplace"), params, "num_received")
+            self._call(
+                "POST", (platform_id, "usersreplace"), params, "num_received", audience=platform_id
+            )
             requests += 1
         return BatchResult(requests=requests)
 
     def match_info(self, platform_id: str) -> dict[str, Any]:
         fields = "approximate_count_lower_bound,approximate_count_upper_bound,operation_status"
-        body = self._call("GET", (platform_id,), {"fields": fields}, "id")
+        body = self._call("GET", (platform_id,), {"fields": fields}, "id", audience=platform_id)
         status = body.get("operation_status") or {}
         return {
             "approximate_count_lower_bound": body.get("approximate_count_lower_bound"),

@@ -1,8 +1,9 @@
 """Google Ads API v26 half of the Google gRPC sandbox: the Customer Match flow.
 
-Serves ``UserListService/MutateUserLists`` (create CRM lists), ``OfflineUserDataJobService``
-(create / add operations / run), ``google.longrunning.Operations/GetOperation`` for the run's
-LRO, and ``GoogleAdsService/Search|SearchStream`` for a small GAQL subset.
+Serves ``UserListService/MutateUserLists`` (create CRM lists, remove lists),
+``OfflineUserDataJobService`` (create / add operations / run),
+``google.longrunning.Operations/GetOperation`` for the run's LRO, and
+``GoogleAdsService/Search|SearchStream`` for a small GAQL subset.
 
 Errors follow the real API's shape so that the library's ``ExceptionInterceptor`` raises
 ``GoogleAdsException``: a serialized ``GoogleAdsFailure`` in the
@@ -24,6 +25,10 @@ Behaviour worth knowing:
   documentation says. Job-level consent with a DENIED value is refused with
   CUSTOMER_NOT_ACCEPTED_CUSTOMER_DATA_TERMS; a job without consent is accepted (removals need
   none).
+* A removed list is gone for both APIs: a job created on it, or run after its removal, fails
+  with ``offline_user_data_job_error = INVALID_USER_LIST_ID`` (as for a list that never
+  existed), GAQL no longer returns it and its name is free. UNVERIFIED against the live API:
+  which error a removed list gets, whether GAQL still lists it, whether its name is reused.
 * A run job reports RUNNING for ``running_polls`` status reads (GetOperation or a GAQL search
   returning it), then SUCCESS; with ``running_polls=0`` the run's own response is already done.
 * GAQL: ``SELECT <fields of one resource> FROM user_list|offline_user_data_job
@@ -297,15 +302,24 @@ class GoogleAdsApi:
         self._check_customer(request.customer_id, call)
         if not request.operations:
             _raise_request_error("OPERATION_REQUIRED", "At least one operation is required.", call)
-        if any(op.WhichOneof("operation") != "create" for op in request.operations):
+        if any(op.WhichOneof("operation") == "update" for op in request.operations):
             raise RpcFailure(
-                grpc.StatusCode.UNIMPLEMENTED, "the sandbox models user list creation only"
+                grpc.StatusCode.UNIMPLEMENTED,
+                "the sandbox models user list creation and removal only",
             )
         ads_errors: list[AdsError] = []
         with self.store.lock:
             names: set[str] = set()
             valid: list[tuple[int, str, str, str, int]] = []
+            removals: dict[int, UserListRecord] = {}
             for i, op in enumerate(request.operations):
+                if op.WhichOneof("operation") == "remove":
+                    problem, record = self._removal(op.remove, request.customer_id, i, removals)
+                    if problem is not None:
+                        ads_errors.append(problem)
+                    else:
+                        removals[i] = record
+                    continue
                 problem, days = _user_list_problem(op.create, i)
                 name = op.create.name.strip()
                 if problem is None and (
@@ -324,16 +338,58 @@ class GoogleAdsApi:
                 created = op.create
                 valid.append((i, name, created.description, created.integration_code, days))
             partial = self._settle(ads_errors, request.partial_failure, call)
-            created_names: dict[int, str] = {}
+            done: dict[int, str] = {}
             if not request.validate_only:
+                for i, record in removals.items():
+                    self.store.remove(record)
+                    done[i] = google_ads_list_name(record.account_id, record.list_id)
                 for i, name, description, code, days in valid:
                     record = self.store.create(request.customer_id, name, description, code, days)
-                    created_names[i] = google_ads_list_name(record.account_id, record.list_id)
-            results = [created_names.get(i, "") for i in range(len(request.operations))]
+                    done[i] = google_ads_list_name(record.account_id, record.list_id)
+            results = [done.get(i, "") for i in range(len(request.operations))]
         return user_list_service.MutateUserListsResponse(
             partial_failure_error=partial,
             results=[user_list_service.MutateUserListResult(resource_name=r) for r in results],
         )
+
+    def _removal(
+        self,
+        resource_name: str,
+        customer_id: str,
+        i: int,
+        removals: dict[int, UserListRecord],
+    ) -> tuple[AdsError | None, UserListRecord | None]:
+        """(problem, list) for a remove operation (``UserListOperation.remove``, the Google
+        Ads reference:
+        https://developers.google.com/google-ads/api/reference/rpc/v26/UserListOperation).
+        The MutateError names are the documented ones for a resource that is not there or
+        named twice; UNVERIFIED that the live API answers a removed list's removal so."""
+        at = (("operations", i), ("remove", None))
+        match = _LIST_NAME.fullmatch(resource_name)
+        if match is None:
+            problem = AdsError(
+                "request_error", "RESOURCE_NAME_MALFORMED", "Malformed user list name.", at
+            )
+            return problem, None
+        record = (
+            self.store.find(match.group(1), int(match.group(2)))
+            if match.group(1) == customer_id
+            else None
+        )
+        if record is None:
+            problem = AdsError(
+                "mutate_error", "RESOURCE_NOT_FOUND", "Requested resource was not found.", at
+            )
+            return problem, None
+        if record in removals.values():
+            problem = AdsError(
+                "mutate_error",
+                "ID_EXISTS_IN_MULTIPLE_MUTATES",
+                "Cannot mutate the same resource twice in one request.",
+                at,
+            )
+            return problem, None
+        return None, record
 
     # OfflineUserDataJobService
 
@@ -475,9 +531,17 @@ class GoogleAdsApi:
             job = self._job(request.resource_name, call)
             if job.status != "PENDING":
                 _raise_job_error("JOB_ALREADY_STARTED", "The job has already been run.", call)
+            record = self.store.lists.get(job.list_id)
+            if record is None:
+                # The list was removed since the job was created: the job's own error for a
+                # list that is not there (UNVERIFIED against the live API).
+                _raise_job_error(
+                    "INVALID_USER_LIST_ID",
+                    "The user list ID provided for the job is invalid.",
+                    call,
+                )
             if request.validate_only:
                 return operations_pb2.Operation(name=job.operation_name, done=True)
-            record = self.store.lists[job.list_id]
             now = self.store.clock()
             for kind, key in job.staged:
                 if kind == "create":

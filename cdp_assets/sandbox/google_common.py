@@ -170,6 +170,11 @@ class AudienceStore:
         self.lists[record.list_id] = record
         return record
 
+    def remove(self, record: UserListRecord) -> None:
+        """Gone for both APIs, members and name included: a later call naming it fails as for
+        a list that never existed."""
+        del self.lists[record.list_id]
+
     def resolve(self, ref: int | str) -> UserListRecord:
         """A list by id or by either API's resource name (test accessor)."""
         match = _LIST_REF.fullmatch(str(ref))

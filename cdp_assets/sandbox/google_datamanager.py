@@ -1,6 +1,6 @@
 """Data Manager API (``google.ads.datamanager.v1``) half of the Google gRPC sandbox.
 
-Serves ``UserListService`` (Create/Get/ListUserLists) and the audience methods of
+Serves ``UserListService`` (Create/Get/List/DeleteUserList) and the audience methods of
 ``IngestionService``. Like the real API it fails fast: any violation fails the whole request
 with INVALID_ARGUMENT, a ``google.rpc.ErrorInfo`` (reason = the first violation's
 ``ErrorReason`` name, domain ``datamanager.googleapis.com``) and a ``google.rpc.BadRequest``
@@ -18,6 +18,12 @@ Choices where the documentation leaves room (cf. the google-data-manager.md rese
 * Only ``user_data`` and ``composite_data`` members (Customer Match contact data) are modelled;
   others are INVALID_AUDIENCE_MEMBER. ``encryption_info`` is UNIMPLEMENTED.
 * Account ids must be ASCII digits (whether the live API takes dashes is unverified).
+* ``DeleteUserList`` (https://developers.google.com/data-manager/api/reference/rest/v1/
+  accountTypes.accounts.userLists/delete) removes the list, for the Google Ads API too. Reading
+  or deleting it again is NOT_FOUND, as the standard delete method has it (AIP-135); ingesting
+  into it or removing from it fails as for a list that never existed: INVALID_ARGUMENT with
+  INVALID_USER_LIST_ID on ``destinations[i].product_destination_id``. What the live API
+  answers for a deleted list is UNVERIFIED.
 * Quota faults carry ErrorInfo reason ``RATE_LIMIT_EXCEEDED`` (google.api.ErrorReason) with
   ``metadata["quota_limit"]``: the documented ``IngestionMutateRequestsPer{Minute,Day}PerProject``
   for the three audience mutations; ``RetrieveRequestStatus`` and UserListService get
@@ -32,7 +38,7 @@ from dataclasses import dataclass
 
 import grpc
 from google.ads import datamanager_v1 as dm
-from google.protobuf import duration_pb2
+from google.protobuf import duration_pb2, empty_pb2
 from google.protobuf.message import Message
 from google.rpc import error_details_pb2
 
@@ -161,6 +167,7 @@ class DataManagerApi:
             Rpc(_USER_LISTS, "CreateUserList", dm.CreateUserListRequest, self._create_list),
             Rpc(_USER_LISTS, "GetUserList", dm.GetUserListRequest, self._get_list),
             Rpc(_USER_LISTS, "ListUserLists", dm.ListUserListsRequest, self._list_lists),
+            Rpc(_USER_LISTS, "DeleteUserList", dm.DeleteUserListRequest, self._delete_list),
             Rpc(_INGESTION, "IngestAudienceMembers", dm.IngestAudienceMembersRequest, self._ingest),
             Rpc(_INGESTION, "RemoveAudienceMembers", dm.RemoveAudienceMembersRequest, self._remove),
             Rpc(
@@ -288,19 +295,30 @@ class DataManagerApi:
             )
             return self._render(record)
 
-    def _get_list(self, request: Message, call: Call) -> dm.UserList:
-        match = _LIST_NAME.fullmatch(request.name)
+    def _named_list(self, name: str) -> UserListRecord:
+        """The list a request names (caller holds the lock)."""
+        match = _LIST_NAME.fullmatch(name)
         if match is None:
             raise error(
                 grpc.StatusCode.INVALID_ARGUMENT,
                 "INVALID_RESOURCE_NAME",
                 "malformed user list name",
             )
+        record = self.store.find(match.group(1), int(match.group(2)))
+        if record is None:
+            raise error(grpc.StatusCode.NOT_FOUND, "NOT_FOUND", f"{name} not found")
+        return record
+
+    def _get_list(self, request: Message, call: Call) -> dm.UserList:
         with self.store.lock:
-            record = self.store.find(match.group(1), int(match.group(2)))
-            if record is None:
-                raise error(grpc.StatusCode.NOT_FOUND, "NOT_FOUND", f"{request.name} not found")
-            return self._render(record)
+            return self._render(self._named_list(request.name))
+
+    def _delete_list(self, request: Message, call: Call) -> empty_pb2.Empty:
+        with self.store.lock:
+            record = self._named_list(request.name)
+            if not request.validate_only:
+                self.store.remove(record)
+        return empty_pb2.Empty()
 
     def _list_lists(self, request: Message, call: Call) -> dm.ListUserListsResponse:
         account = _ACCOUNT.fullmatch(request.parent)

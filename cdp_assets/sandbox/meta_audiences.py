@@ -98,6 +98,7 @@ class GraphError(Exception):
         transient: bool = False,
         user_title: str | None = None,
         user_msg: str | None = None,
+        error_type: str = "OAuthException",
     ) -> None:
         super().__init__(message)
         self.code = code
@@ -107,12 +108,13 @@ class GraphError(Exception):
         self.transient = transient
         self.user_title = user_title
         self.user_msg = user_msg
+        self.error_type = error_type
 
     def body(self, fbtrace_id: str) -> dict[str, Any]:
         """Graph's error envelope; optional keys are left out when unset, as Graph does."""
         error: dict[str, Any] = {
             "message": self.message,
-            "type": "OAuthException",
+            "type": self.error_type,
             "code": self.code,
             "is_transient": self.transient,
             "fbtrace_id": fbtrace_id,
@@ -372,6 +374,12 @@ class AudienceBook:
 
     def in_account(self, account_id: str) -> list[Audience]:
         return [self.by_id[i] for i in self.by_account.get(account_id, [])]
+
+    def delete(self, audience: Audience) -> None:
+        """Gone for good, as when deleted in Ads Manager: every later call on its id is
+        Graph's error for a missing object."""
+        del self.by_id[audience.id]
+        self.by_account[audience.account_id].remove(audience.id)
 
     def update_users(
         self, audience: Audience, payload: Any, session: Any, *, remove: bool

@@ -9,10 +9,13 @@
         api = FacebookAdsApi(session)  # not FacebookAdsApi.init(): that installs a crash reporter
 
 Routes, under any ``/v{N}.{M}`` version prefix: ``GET``/``POST /act_{id}/customaudiences``,
-``GET /{audience_id}``, ``POST``/``DELETE /{audience_id}/users`` (``POST`` with ``method=DELETE``
-removes) and ``POST /{audience_id}/usersreplace``; any other path or method is Graph's
-"Unsupported request" error (code 100, subcode 33). Audience rules live in
-:mod:`cdp_assets.sandbox.meta_audiences`.
+``GET``/``DELETE /{audience_id}``, ``POST``/``DELETE /{audience_id}/users`` (``POST`` with
+``method=DELETE`` removes) and ``POST /{audience_id}/usersreplace``; any other path or method
+is Graph's "Unsupported request" error (code 100, subcode 33). Deleting an audience answers
+``{"success": true}`` and, as the Custom Audience reference's "Deleting" section has it
+(https://developers.facebook.com/docs/marketing-api/reference/custom-audience#Deleting),
+removes it: every later call on it or its edges is that same missing-object error, HTTP 400.
+Audience rules live in :mod:`cdp_assets.sandbox.meta_audiences`.
 
 Each Graph request goes through, in order:
 
@@ -172,11 +175,15 @@ def _params(pairs: Iterable[tuple[str, str]]) -> dict[str, Any]:
 
 
 def _unsupported(method: str, node: str) -> GraphError:
+    """Graph's answer for a node that does not exist (or that the token may not read), as the
+    live API words it (facebook/facebook-python-business-sdk#239)."""
     return GraphError(
         100,
         f"Unsupported {method.lower()} request. Object with ID '{node}' does not exist, cannot "
-        "be loaded due to missing permissions, or does not support this operation.",
+        "be loaded due to missing permissions, or does not support this operation. Please read "
+        "the Graph API documentation at https://developers.facebook.com/docs/graph-api",
         subcode=33,
+        error_type="GraphMethodException",
     )
 
 
@@ -241,6 +248,11 @@ def _create_audience(call: _Call) -> dict[str, Any]:
 
 def _read_audience(call: _Call) -> dict[str, Any]:
     return call.audience().read(read_fields(call.params.get("fields")))
+
+
+def _delete_audience(call: _Call) -> dict[str, Any]:
+    call.graph.book.delete(call.audience())
+    return {"success": True}
 
 
 def _users(call: _Call) -> dict[str, Any]:
@@ -415,9 +427,12 @@ def _build_app(graph: _Graph) -> Starlette:
             _graph_route(_users_replace),
             methods=["POST"],
         ),
-        # The SDK reads a node as "/{id}/" (its endpoint is "/"); curl users write "/{id}".
+        # The SDK reads and deletes a node as "/{id}/" (its endpoint is "/"); curl users write
+        # "/{id}".
         Route(f"{graph_api}/{{audience_id}}/", _graph_route(_read_audience), methods=["GET"]),
         Route(f"{graph_api}/{{audience_id}}", _graph_route(_read_audience), methods=["GET"]),
+        Route(f"{graph_api}/{{audience_id}}/", _graph_route(_delete_audience), methods=["DELETE"]),
+        Route(f"{graph_api}/{{audience_id}}", _graph_route(_delete_audience), methods=["DELETE"]),
         # Also catches known paths with the wrong method: Starlette's plain-text 404/405 bodies
         # would read as success to the SDK, which judges a response by its body.
         Route("/{path:path}", _graph_route(_no_route), methods=_ALL_METHODS),

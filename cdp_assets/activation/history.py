@@ -1,0 +1,90 @@
+"""The sync history, `cdp.activation_runs`: its rows left open by runs that ended, and the
+rows open now.
+
+A sync opens its row as `running` and closes it when it ends, failures included. A run whose
+process is killed mid-sync (out of memory, a redeploy, a lost node) never closes it: the next
+activation run, of any tenant, marks such rows `abandoned` once Dagster says their run is over.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+import dagster as dg
+import psycopg
+from psycopg.types.json import Jsonb
+
+FINISHED = (dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED)
+# A row without a Dagster run the instance knows (a sync run outside Dagster, or a run since
+# deleted) is taken as abandoned once open this long: longer than any sync lasts (one Google
+# Ads job may take six hours).
+UNTRACKED_HOURS = 24
+
+
+def close_abandoned_runs(conn: psycopg.Connection, instance: dg.DagsterInstance) -> int:
+    """Mark `abandoned` the rows still `running` whose Dagster run is over, and those open
+    for UNTRACKED_HOURS without a run the instance knows; returns how many. Committed."""
+    run_ids = [
+        run_id
+        for (run_id,) in conn.execute(
+            "SELECT DISTINCT dagster_run_id FROM cdp.activation_runs"
+            " WHERE status = 'running' AND dagster_run_id IS NOT NULL"
+        )
+    ]
+    records = instance.get_run_records(dg.RunsFilter(run_ids=run_ids)) if run_ids else []
+    known = [record.dagster_run.run_id for record in records]
+    ended = {
+        record.dagster_run.run_id: record.dagster_run.status.value
+        for record in records
+        if record.dagster_run.status in FINISHED
+    }
+    closed = conn.execute(
+        """
+        UPDATE cdp.activation_runs SET status = 'abandoned', finished_at = now(),
+               reason = CASE WHEN %(ended)s::jsonb ? dagster_run_id
+                   THEN 'Dagster run ' || dagster_run_id || ' ended ('
+                        || (%(ended)s::jsonb ->> dagster_run_id) || ') before this sync finished'
+                   ELSE 'no Dagster run in progress for this sync after '
+                        || %(hours)s || ' hours' END
+        WHERE status = 'running'
+          AND (%(ended)s::jsonb ? dagster_run_id
+               OR (started_at < now() - make_interval(hours => %(hours)s)
+                   AND (dagster_run_id IS NULL OR dagster_run_id <> ALL(%(known)s::text[]))))
+        """,
+        {"ended": Jsonb(ended), "known": known, "hours": UNTRACKED_HOURS},
+    ).rowcount
+    conn.commit()
+    return closed
+
+
+@dataclass(frozen=True)
+class OpenActivationRun:
+    """A sync recorded as running, and for how long (by the database's clock)."""
+
+    activation_run_id: int
+    tenant_id: str
+    destination_id: str
+    audience: str
+    platform: str
+    dagster_run_id: str | None
+    started_at: datetime
+    age: timedelta
+
+
+def open_activation_runs(
+    conn: psycopg.Connection, tenant_ids: Collection[str] | None = None
+) -> list[OpenActivationRun]:
+    """The syncs recorded as running, of every tenant or of `tenant_ids`, oldest first."""
+    rows = conn.execute(
+        """
+        SELECT activation_run_id, tenant_id, destination_id, audience, platform, dagster_run_id,
+               started_at, now() - started_at
+        FROM cdp.activation_runs
+        WHERE status = 'running' AND (%(tenants)s::text[] IS NULL OR tenant_id = ANY(%(tenants)s))
+        ORDER BY started_at, activation_run_id
+        """,
+        {"tenants": None if tenant_ids is None else list(tenant_ids)},
+    ).fetchall()
+    return [OpenActivationRun(*row) for row in rows]
