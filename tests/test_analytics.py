@@ -598,6 +598,9 @@ def test_a_tenants_run_tests_only_that_tenants_rows(
     for kind in ("accepted_values", "not_null_columns"):
         assert any(check.check_name.startswith(kind) for check in checks)
     assert all(check.passed for check in checks)
+    # Recorded for the tenant's partition: the UI shows them as an_tiny's, whatever another
+    # tenant's run recorded before or after.
+    assert {check.partition for check in result.get_asset_check_evaluations()} == {"an_tiny"}
     failures = re.findall(r"FAIL 1 (\S+)", failed)
     assert any(name.startswith("accepted_values_rfm_segments_segment") for name in failures)
     assert any(name.startswith("not_null_columns_rfm_segments") for name in failures)

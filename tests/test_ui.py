@@ -103,6 +103,17 @@ BROWSER_SETTINGS = {
     "communityNux": "1",
     "dagster-nav-collapsed": True,
     "asset-graph-direction": "vertical",
+    # The asset boxes' facets: Dagster's defaults, and the owner.
+    "asset-node-facets": [
+        "unsynced-tag",
+        "owner",
+        "checks",
+        "latest-event",
+        "status",
+        "kind-tag",
+        "automation",
+        "partitions",
+    ],
 }
 # The error boundary's "Sorry, <region> can't be displayed. Please report this error…", and
 # any other visible error.
@@ -374,7 +385,21 @@ def test_a_tenant_sync_launched_like_the_ui_lands_the_whole_catalog(ui: Ui, conn
         assert stored == truth, f"{entity}: {len(stored)} stored, {len(truth)} in the store"
 
 
-GROUPS = ("vtex", "staging", "intermediate", "marts", "audiences", "activation")
+GROUPS = (
+    "tenants",
+    "vtex",
+    "staging",
+    "intermediate",
+    "marts",
+    "audiences",
+    "activation",
+    "operations",
+)
+# Drawn open, each asset with its owner; the other groups as one box each. A window wide
+# enough for the UI to draw the assets' details (it draws bare boxes when zoomed out further).
+EXPANDED_GROUPS = ("tenants", "vtex", "marts", "activation", "operations")
+GRAPH_WINDOW = (2200, 1500)
+OWNERS = ("data-engineering", "analytics", "marketing-ops")  # the teams, as the UI shows them
 SOME_ASSETS = (
     "vtex_orders",
     "vtex_customers",
@@ -398,16 +423,18 @@ query PartitionStats($assetKey: AssetKeyInput!) {
 
 def test_the_asset_graph_and_a_partitioned_asset_render_in_chromium(ui: Ui, tmp_path) -> None:
     started = time.monotonic()
-    # The global lineage, every group open in the sidebar (which the UI keeps in the URL).
+    # The global lineage, every group open in the sidebar and EXPANDED_GROUPS open in the graph
+    # (the UI keeps both in the URL).
     open_groups = "&".join(
         f"open-nodes%5B{i}%5D=global%40global%3A{group}" for i, group in enumerate(GROUPS)
     )
-    with Chromium(tmp_path / "chromium", 1600, 1580) as browser:
+    expanded = "%2C".join(f"global%40global%3A{group}" for group in EXPANDED_GROUPS)
+    with Chromium(tmp_path / "chromium", *GRAPH_WINDOW) as browser:
         # Ready when the graph has drawn a box per group (and their statuses, see STILL_LOADING).
         drawn = "document.querySelectorAll('[data-svg-viewport] svg foreignObject').length"
         text = browser.show(
-            f"{ui.url}/asset-groups?{open_groups}",
-            [*GROUPS, *SOME_ASSETS],
+            f"{ui.url}/asset-groups?{open_groups}&expanded={expanded}",
+            [*GROUPS, *SOME_ASSETS, *OWNERS],
             ready=f"{drawn} >= {len(GROUPS)}",
         )
         assert "Global asset lineage" in text

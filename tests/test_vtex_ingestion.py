@@ -5,13 +5,16 @@ from __future__ import annotations
 import os
 from datetime import UTC, date, datetime, timedelta
 
+import dagster as dg
 import orjson
 import psycopg
 import pytest
 from support import TABLES, metadata, register, sync, vtex_for
 
+from cdp_assets.ops.metrics import collect_history
 from cdp_assets.partitions import order_months
 from cdp_assets.sandbox import SandboxProcess, StoreSpec, credentials_for
+from cdp_assets.vtex.assets import MONTH_FIGURES
 from cdp_assets.vtex.client import CUSTOMER_FIELDS
 
 HISTORY_START = date(2025, 1, 1)
@@ -109,6 +112,16 @@ def checksum(conn: psycopg.Connection, tenant_id: str) -> list[tuple]:
     ]
 
 
+def run_figures(result: dg.ExecuteInProcessResult) -> dict[str, float]:
+    """A run's figures: the rows of its partitions added up, its requests and time."""
+    figures = metadata(result)
+    events = result.get_asset_materialization_events()
+    for key in MONTH_FIGURES:
+        if key in figures:
+            figures[key] = sum(event.materialization.metadata[key].value for event in events)
+    return figures
+
+
 def test_full_sync_equals_the_sandbox_and_a_rerun_changes_nothing(conn, instance, sandbox):
     register(conn, "t_alpha", "alpha")
     register(conn, "t_beta", "beta")
@@ -118,7 +131,7 @@ def test_full_sync_equals_the_sandbox_and_a_rerun_changes_nothing(conn, instance
         for entity in TABLES:
             assert_equals_truth(conn, sandbox, tenant_id, account, entity)
 
-    orders = metadata(first["orders"])
+    orders = run_figures(first["orders"])
     assert orders["rows_rejected"] == STORES["alpha"].malformed_orders
     assert orders["rows_inserted"] + orders["rows_rejected"] == orders["orders_listed"]
     assert orders["api_requests"] > orders["orders_listed"]
@@ -127,7 +140,7 @@ def test_full_sync_equals_the_sandbox_and_a_rerun_changes_nothing(conn, instance
     again = sync(instance, sandbox, "t_alpha", full_refresh=True)
     assert checksum(conn, "t_alpha") == before
     for entity in ("orders", "customers"):
-        counts = metadata(again[entity])
+        counts = run_figures(again[entity])
         assert counts["rows_inserted"] == counts["rows_updated"] == 0
         assert counts["rows_unchanged"] > 0
 
@@ -163,13 +176,13 @@ def test_changes_in_the_source_are_picked_up_exactly(conn, instance, sandbox):
         order_months.get_partition_key_for_timestamp((at - timedelta(days=2)).timestamp()),
         order_months.get_last_partition_key(),
     )
-    incremental = metadata(
+    incremental = run_figures(
         sync(instance, sandbox, "t_beta", entities=("orders",), months=recent)["orders"]
     )
     assert incremental["rows_inserted"] == 7
 
     # A full re-read of every month finds the remaining status changes and nothing else.
-    full = metadata(
+    full = run_figures(
         sync(instance, sandbox, "t_beta", entities=("orders",), full_refresh=True)["orders"]
     )
     assert full["rows_inserted"] == 0
@@ -224,8 +237,17 @@ def test_sync_converges_through_injected_faults(conn, instance, sandbox):
         sandbox.clear_faults()
     for entity in TABLES:
         assert_equals_truth(conn, sandbox, "t_faulty", "beta", entity)
-    orders = metadata(results["orders"])
+    orders = run_figures(results["orders"])
     assert orders["api_429_responses"] > 0 and orders["api_retries"] > orders["api_429_responses"]
+    # The pace the client kept, which the request budget of the operations metrics is
+    # judged against whatever process reads them.
+    assert orders["api_requests_per_second"] == 5000
+    (sample,) = [
+        s
+        for s in collect_history(instance, datetime.now(UTC)).api
+        if s.run_id == results["orders"].run_id
+    ]
+    assert sample.requests_per_second == 5000
 
 
 def test_refused_credentials_fail_that_tenant_only_and_never_leak(
@@ -274,3 +296,34 @@ def test_a_step_still_failing_after_request_retries_is_retried_then_fails(conn, 
     assert len(retries) == 3  # then the step fails for good
     error = failed.get_step_failure_events()[0].event_specific_data.error
     assert "VtexRequestFailed" in error.to_string()
+
+
+def test_each_month_of_a_range_run_records_its_own_counts(conn, instance, sandbox):
+    register(conn, "t_months", "beta")
+    months = ("2025-02-01", "2025-03-01", "2025-04-01")
+    result = sync(
+        instance, sandbox, "t_months", entities=("orders",), months=(months[0], months[-1])
+    )
+    load_truth(conn, sandbox, "beta", "orders")
+    truth = dict(
+        conn.execute(
+            "SELECT to_char(date_trunc('month', (payload->>'creationDate')::timestamptz"
+            " AT TIME ZONE 'UTC'), 'YYYY-MM-DD'), count(*) FROM truth GROUP BY 1"
+        ).fetchall()
+    )
+    expected = {month: truth[month] for month in months}
+    assert len(set(expected.values())) > 1  # the months differ, so a run total would show
+
+    recorded = {}
+    for event in result["orders"].get_asset_materialization_events():
+        month = event.partition.split("|")[0]
+        figures = {k: v.value for k, v in event.materialization.metadata.items()}
+        recorded[month] = figures
+    assert {m: f["rows_received"] for m, f in recorded.items()} == expected
+    assert {m: f["rows_inserted"] for m, f in recorded.items()} == expected
+    assert {m: f["orders_listed"] for m, f in recorded.items()} == expected
+    # The VTEX requests and the time are the run's, which the operations metrics read.
+    of_the_run = {(f["api_requests"], f["seconds"], f["months"]) for f in recorded.values()}
+    assert len(of_the_run) == 1
+    ((requests, _, in_run),) = of_the_run
+    assert requests > sum(expected.values()) and in_run == 3

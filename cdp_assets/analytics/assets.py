@@ -16,6 +16,7 @@ from cdp_assets.analytics.dbt_project import (
     dbt_project,
     ensure_manifest,
     keep_parse,
+    tenant_translator,
     translator,
 )
 from cdp_assets.lib.dagster_home import DBT_POOL
@@ -139,7 +140,7 @@ def bar_chart(sizes: Sequence[tuple[str, str, int]], width: int = 30) -> str:
 _tenant_dbt = {
     "manifest": MANIFEST,
     "project": dbt_project,
-    "dagster_dbt_translator": translator,
+    "dagster_dbt_translator": tenant_translator,
     "partitions_def": tenants,
     # A backfill of many tenants is one run and one dbt build for all of them: dbt's start-up
     # and per-model overhead is paid once, and the set-based SQL covers every tenant.

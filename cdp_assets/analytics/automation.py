@@ -37,4 +37,9 @@ analytics_automation_sensor = dg.AutomationConditionSensorDefinition(
     target=dg.AssetSelection.groups(*ANALYTICS_GROUPS),
     default_status=dg.DefaultSensorStatus.RUNNING,
     minimum_interval_seconds=60,
+    description="Every minute, requests the analytics of each tenant whose sources are fresh and"
+    " complete: its dbt models, CLV fit and churn scoring run once a source was updated since"
+    " they last ran, nothing upstream is running or failed, and its catalog and customers"
+    " exist (order months may be missing: history not loaded). The weekly churn holdout is"
+    " left to its schedule.",
 )

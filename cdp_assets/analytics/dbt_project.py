@@ -30,6 +30,7 @@ from packaging.version import Version
 
 from cdp_assets.analytics.automation import ANALYTICS_AUTOMATION
 from cdp_assets.analytics.dbt_fork import ForkedDbt
+from cdp_assets.partitions import tenants
 
 DBT_PROJECT_DIR = Path(__file__).resolve().parents[2] / "dbt_project"
 # The dbt installed beside this interpreter, whether or not its folder is on PATH.
@@ -194,10 +195,57 @@ def dbt_connection_env(url: str) -> dict[str, str]:
 WEEKLY_TAG = "weekly"
 
 
+def generic_test_description(test: Mapping[str, Any], tested: str) -> str:
+    """What a generic dbt test asserts, from its name and arguments: "`not_null` of column
+    `order_total` of `stg_vtex__orders`"."""
+    metadata = test["test_metadata"]
+    arguments = dict(metadata["kwargs"])
+    arguments.pop("model", None)  # `{{ get_where_subquery(ref(...)) }}`: the tested model
+    column = arguments.pop("column_name", None)
+    subject = f"column `{column}` of `{tested}`" if column else f"`{tested}`"
+    details = ", ".join(
+        f"{name} {', '.join(map(str, value)) if isinstance(value, list) else value}"
+        for name, value in arguments.items()
+    )
+    return f"`{metadata['name']}` of {subject}" + (f" ({details})" if details else "")
+
+
 class CdpDbtTranslator(DagsterDbtTranslator):
     """Models keyed by name, grouped by layer (staging, intermediate, marts, audiences), run
     by the analytics automation when their sources are fresh; the models tagged `weekly` run
-    on their schedule instead."""
+    on their schedule instead. A test's check is described by the test's own description
+    (singular tests: tests/_tests.yml) or, for a generic test, by what it asserts.
+
+    With `partitions_def` (the tenants, for models built per tenant) each test's check is
+    partitioned like its model: a tenant's run records its tests' results for that tenant,
+    so one tenant's failing test is red for that tenant alone, not for every tenant until
+    another's run passes it."""
+
+    def __init__(
+        self,
+        settings: DagsterDbtTranslatorSettings | None = None,
+        partitions_def: dg.PartitionsDefinition | None = None,
+    ) -> None:
+        super().__init__(settings)
+        self.partitions_def = partitions_def
+
+    def get_asset_check_spec(
+        self,
+        asset_spec: dg.AssetSpec,
+        manifest: Mapping[str, Any],
+        unique_id: str,
+        project: DbtProject | None,
+    ) -> dg.AssetCheckSpec | None:
+        spec = super().get_asset_check_spec(asset_spec, manifest, unique_id, project)
+        if spec is None:
+            return spec
+        description = spec.description
+        if not description:
+            test = manifest["nodes"][unique_id]
+            description = test["description"]
+            if not description and test.get("test_metadata"):
+                description = generic_test_description(test, asset_spec.key.to_user_string())
+        return spec._replace(description=description or None, partitions_def=self.partitions_def)
 
     def get_asset_spec(
         self, manifest: Mapping[str, Any], unique_id: str, project: DbtProject | None
@@ -214,4 +262,7 @@ class CdpDbtTranslator(DagsterDbtTranslator):
         )
 
 
-translator = CdpDbtTranslator(settings=DagsterDbtTranslatorSettings(enable_asset_checks=True))
+_settings = DagsterDbtTranslatorSettings(enable_asset_checks=True, enable_code_references=True)
+translator = CdpDbtTranslator(_settings)
+# The models built per tenant (their `@dbt_assets` are partitioned by tenant).
+tenant_translator = CdpDbtTranslator(_settings, partitions_def=tenants)

@@ -12,10 +12,17 @@ from cdp_assets.vtex.schedules import TIMEZONE
 
 
 def on_48_hour_cadence(day: date) -> bool:
-    """Every other day, counted from a fixed origin. Cron cannot say "every 48 hours" (`*/2`
-    restarts on the 1st, giving two days in a row after a 31st); day ordinals keep the
-    rhythm across month and year ends."""
+    """Every other day, counted from a fixed origin: see FORTY_EIGHT_HOUR_CADENCE."""
     return day.toordinal() % 2 == 0
+
+
+# Why the schedules of every 48 hours tick daily, for their descriptions in the UI.
+FORTY_EIGHT_HOUR_CADENCE = (
+    "Cron cannot say every 48 hours (`*/2` in the day field restarts on the 1st, which gives"
+    " two days in a row after a 31st), so the schedule ticks every day at 10:00 and skips the"
+    " days whose ordinal (days counted from 0001-01-01) is odd: the rhythm holds across month"
+    " and year ends."
+)
 
 
 @dg.schedule(
@@ -23,11 +30,12 @@ def on_48_hour_cadence(day: date) -> bool:
     cron_schedule="0 10 * * *",
     execution_timezone=TIMEZONE,
     default_status=dg.DefaultScheduleStatus.RUNNING,
+    description="Every audience materialized view (all tenants) refreshed every 48 hours, at"
+    f" 10:00 (Buenos Aires). {FORTY_EIGHT_HOUR_CADENCE}",
 )
 def audiences_every_48_hours(
     context: dg.ScheduleEvaluationContext,
 ) -> dg.RunRequest | dg.SkipReason:
-    """Every other day at 10:00: a daily tick that skips the off days of the cadence."""
     day = context.scheduled_execution_time.date()
     if not on_48_hour_cadence(day):
         return dg.SkipReason(f"{day}: off day of the 48-hour cadence")
@@ -40,12 +48,13 @@ def audiences_every_48_hours(
     cron_schedule="0 3 * * 0",
     execution_timezone=TIMEZONE,
     default_status=dg.DefaultScheduleStatus.RUNNING,
+    description="Sundays at 03:00 (Buenos Aires), before the day's syncs: the churn holdout of"
+    " every active tenant (the bands as of the calibration date against who bought again"
+    " since), one run per block of neighbouring tenants, one dbt build for all of them.",
 )
 def churn_holdout_weekly(
     context: dg.ScheduleEvaluationContext, warehouse: WarehouseResource
 ) -> list[dg.RunRequest] | dg.SkipReason:
-    """Every week, the churn holdout of every active tenant: one run per block of
-    neighbouring tenants (one dbt build for all of them)."""
     tenant_rows, order = tenants_with_partitions(context, warehouse)
     day = context.scheduled_execution_time.date()
     requests = [

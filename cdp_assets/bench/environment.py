@@ -41,6 +41,7 @@ from cdp_assets.sandbox import SandboxProcess, StoreSpec
 from cdp_assets.sandbox import credentials_for as vtex_credentials
 from cdp_assets.sandbox.platforms import PlatformSandboxes
 from cdp_assets.tenants.registry import Tenant, add_tenant
+from cdp_assets.vtex.assets import MONTH_FIGURES
 
 META_TOKEN = "bench-meta-token"  # what the Meta sandbox accepts; not a real secret
 META_TOKEN_REF = "CDP_BENCH_META_TOKEN"
@@ -107,18 +108,23 @@ class RunRecord:
 
 def _numeric_metadata(result: dg.ExecuteInProcessResult) -> dict[str, dict[str, float]]:
     """Numeric metadata per asset. A run over a range of partitions records one
-    materialization per partition, each with the whole run's metadata: the first is kept."""
+    materialization per partition: MONTH_FIGURES are added up, and every other figure is
+    the whole run's on each of them, so the first is kept."""
     by_asset: dict[str, dict[str, float]] = {}
     for event in result.get_asset_materialization_events():
         key = event.asset_key.to_user_string()
-        if key in by_asset:
-            continue
-        by_asset[key] = {
+        figures = {
             name: value.value
             for name, value in event.materialization.metadata.items()
             if isinstance(getattr(value, "value", None), int | float)
             and not isinstance(value.value, bool)
         }
+        if key not in by_asset:
+            by_asset[key] = figures
+            continue
+        for name in MONTH_FIGURES:
+            if name in figures:
+                by_asset[key][name] += figures[name]
     return by_asset
 
 

@@ -24,11 +24,17 @@ def plan_tenant_partitions(
     return sorted(wanted - existing), sorted(existing - wanted), refused
 
 
-@dg.sensor(minimum_interval_seconds=30, default_status=dg.DefaultSensorStatus.RUNNING)
+@dg.sensor(
+    minimum_interval_seconds=30,
+    default_status=dg.DefaultSensorStatus.RUNNING,
+    description="Every 30 s, makes the `tenants` partitions those of the active rows of"
+    " cdp.tenants: adds a partition for each new active tenant and removes those of"
+    " deactivated or deleted ones. A row that fails validation is left out, with a warning in"
+    " the tick's log.",
+)
 def tenant_partitions_sensor(
     context: dg.SensorEvaluationContext, warehouse: WarehouseResource
 ) -> dg.SensorResult | dg.SkipReason:
-    """Adds a partition for every active tenant and removes deactivated or deleted ones."""
     existing = set(context.instance.get_dynamic_partitions(tenants.name))
     with warehouse.connect() as conn:
         added, removed, refused = plan_tenant_partitions(conn, existing)

@@ -15,8 +15,8 @@ from cdp_assets.lib.retries import ACTIVATION_RETRY, retry_transient
 from cdp_assets.lib.sync_state import get_cursor, set_cursor
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.partitions import order_months, tenant_months, tenants
-from cdp_assets.tenants.registry import get_tenant
-from cdp_assets.vtex.client import VtexRequestFailed
+from cdp_assets.tenants.registry import Tenant, get_tenant
+from cdp_assets.vtex.client import VtexClient, VtexRequestFailed
 from cdp_assets.vtex.collection_rules import collection_skus
 from cdp_assets.vtex.collections import VtexCollections
 from cdp_assets.vtex.resources import VtexResource
@@ -61,6 +61,40 @@ def _table_metadata(table: RawTable) -> dict:
     return {"dagster/table_name": f"{table.schema}.{table.name}"}
 
 
+# What each month of a run over several records of its own; the requests and time are the run's.
+MONTH_FIGURES = (*Landing().row_metadata(), "orders_listed")
+
+
+def _sync_month(
+    context: dg.AssetExecutionContext,
+    config: OrdersSyncConfig,
+    conn: psycopg.Connection,
+    client: VtexClient,
+    tenant: Tenant,
+    month: str,
+) -> dict[str, int]:
+    """Land one month of a tenant's orders and move its cursor; what landed."""
+    landing = Landing()
+    window = order_months.time_window_for_partition_key(month)
+    history_start = datetime.combine(tenant.history_start, datetime.min.time(), UTC)
+    start, end = max(window.start, history_start), min(window.end, datetime.now(UTC))
+    cursor = None if config.full_refresh else get_cursor(conn, tenant.tenant_id, "orders", month)
+    if cursor is not None:
+        start = max(start, cursor - OVERLAP)
+    if start >= end:
+        context.log.info(f"{tenant.tenant_id} {month}: before the history start, skipped")
+        return {**landing.row_metadata(), "orders_listed": 0}
+    run_id = context.run.run_id
+    listed = sync_orders(client, conn, tenant.tenant_id, start, end, run_id, landing)
+    with conn.transaction():
+        set_cursor(conn, tenant.tenant_id, "orders", end, run_id, scope=month)
+    context.log.info(
+        f"{tenant.tenant_id} {month}: {start:%Y-%m-%d %H:%M} to {end:%Y-%m-%d %H:%M} UTC,"
+        f" {landing.received} orders"
+    )
+    return {**landing.row_metadata(), "orders_listed": listed}
+
+
 @dg.asset(
     name="vtex_orders",
     group_name=GROUP,
@@ -81,46 +115,27 @@ def vtex_orders(
 
     A month first syncs whole (from the tenant's history start); later runs of the same month
     resume from its cursor minus 48 h, which is how the current month stays fresh.
+
+    In a run over several months, each month's materialization records the rows of that month;
+    the VTEX requests and seconds are the whole run's, recorded on each.
     """
-    months_by_tenant: dict[str, list[str]] = defaultdict(list)
+    partitions_by_tenant: dict[str, list[dg.MultiPartitionKey]] = defaultdict(list)
     for key in context.partition_keys:
-        dims = tenant_months.get_partition_key_from_str(key).keys_by_dimension
-        months_by_tenant[dims["tenant"]].append(dims["month"])
-    now = datetime.now(UTC)
-    landing = Landing()
-    listed = 0
+        partition = tenant_months.get_partition_key_from_str(key)
+        partitions_by_tenant[partition.keys_by_dimension["tenant"]].append(partition)
+    run = Landing()  # the VTEX requests and time of the whole run; each month lands its own
     with _retry(context, vtex), warehouse.connect() as conn:
-        for tenant_id, months in months_by_tenant.items():
+        for tenant_id, partitions in partitions_by_tenant.items():
             tenant = get_tenant(conn, tenant_id)
             client = vtex.client_for(tenant)
-            history_start = datetime.combine(tenant.history_start, datetime.min.time(), UTC)
-            for month in sorted(months):
-                window = order_months.time_window_for_partition_key(month)
-                start, end = max(window.start, history_start), min(window.end, now)
-                cursor = (
-                    None if config.full_refresh else get_cursor(conn, tenant_id, "orders", month)
-                )
-                if cursor is not None:
-                    start = max(start, cursor - OVERLAP)
-                if start >= end:
-                    context.log.info(f"{tenant_id} {month}: before the history start, skipped")
-                    continue
-                listed += sync_orders(
-                    client, conn, tenant_id, start, end, context.run.run_id, landing
-                )
-                with conn.transaction():
-                    set_cursor(conn, tenant_id, "orders", end, context.run.run_id, scope=month)
-                context.log.info(
-                    f"{tenant_id} {month}: {start:%Y-%m-%d %H:%M} to {end:%Y-%m-%d %H:%M} UTC,"
-                    f" {landing.received} orders so far"
-                )
-            landing.count_requests(client)
-    metadata = {
-        **landing.metadata(),
-        "orders_listed": listed,
-        "months": len(context.partition_keys),
-    }
-    return dg.MaterializeResult(metadata=metadata)
+            for partition in sorted(partitions, key=lambda p: p.keys_by_dimension["month"]):
+                month = partition.keys_by_dimension["month"]
+                landed = _sync_month(context, config, conn, client, tenant, month)
+                context.add_asset_metadata(landed, partition_key=partition)
+            run.count_requests(client)
+    return dg.MaterializeResult(
+        metadata={**run.request_metadata(), "months": len(context.partition_keys)}
+    )
 
 
 def _whole_tenant_asset(name: str, table: RawTable, description: str):

@@ -109,11 +109,13 @@ def feed_runs_in_flight(instance: dg.DagsterInstance) -> set[str]:
     job=vtex_orders_feed_sync,
     minimum_interval_seconds=60,
     default_status=dg.DefaultSensorStatus.RUNNING,
+    description="Every minute, a drain of the orders feed for each active tenant whose feed is"
+    " on (`cdp tenants feed --on`): at most one run in flight per tenant, and only every"
+    f" {IDLE_POLL // timedelta(minutes=1)} minutes while its last drain found nothing.",
 )
 def vtex_orders_feed_sensor(
     context: dg.SensorEvaluationContext, warehouse: WarehouseResource
 ) -> list[dg.RunRequest] | dg.SkipReason:
-    """Requests a drain of the orders feed for every active tenant whose feed is on."""
     with warehouse.connect() as conn:
         feeds = enabled_feeds(conn)
     if not feeds:

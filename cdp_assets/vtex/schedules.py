@@ -66,11 +66,13 @@ def tenant_run_requests(tenant_rows: list[Tenant], moment: datetime) -> list[dg.
     cron_schedule="0 6,18 * * *",
     execution_timezone=TIMEZONE,
     default_status=dg.DefaultScheduleStatus.RUNNING,
+    description="Orders of the last 48 hours of every active tenant, at 06:00 and 18:00"
+    " (Buenos Aires): one run per tenant, in priority order, over the months those 48 hours"
+    " touch (two across a month end).",
 )
 def vtex_orders_twice_daily(
     context: dg.ScheduleEvaluationContext, warehouse: WarehouseResource
 ) -> list[dg.RunRequest] | dg.SkipReason:
-    """Orders of the last 48 hours for every active tenant, at 06:00 and 18:00."""
     requests = order_sync_requests(
         tenants_with_partitions(context, warehouse)[0], context.scheduled_execution_time
     )
@@ -82,11 +84,12 @@ def vtex_orders_twice_daily(
     cron_schedule="0 5 * * *",
     execution_timezone=TIMEZONE,
     default_status=dg.DefaultScheduleStatus.RUNNING,
+    description="Products, SKUs and Master Data customers of every active tenant, at 05:00"
+    " (Buenos Aires): one run per tenant, in priority order.",
 )
 def vtex_catalog_daily(
     context: dg.ScheduleEvaluationContext, warehouse: WarehouseResource
 ) -> list[dg.RunRequest] | dg.SkipReason:
-    """Products, SKUs and Master Data customers of every active tenant, at 05:00."""
     requests = tenant_run_requests(
         tenants_with_partitions(context, warehouse)[0], context.scheduled_execution_time
     )

@@ -43,6 +43,8 @@ class Landing:
     rejected: int = 0
     api: RequestStats = field(default_factory=RequestStats)
     started: float = field(default_factory=time.monotonic)
+    # The pace the client kept: the request budget its requests are judged against.
+    requests_per_second: float | None = None
 
     @property
     def received(self) -> int:
@@ -52,19 +54,32 @@ class Landing:
         """Add a finished client's request counts."""
         stats = client.stats
         self.api.count(requests=stats.requests, throttled=stats.throttled, retries=stats.retries)
+        self.requests_per_second = client.limiter.rate
 
-    def metadata(self) -> dict[str, float | int]:
+    def row_metadata(self) -> dict[str, int]:
+        """What landed."""
         return {
             "rows_received": self.received,
             "rows_inserted": self.counts.inserted,
             "rows_updated": self.counts.updated,
             "rows_unchanged": self.counts.unchanged,
             "rows_rejected": self.rejected,
+        }
+
+    def request_metadata(self) -> dict[str, float | int]:
+        """The VTEX requests made, at what pace, and the time taken, which the operations
+        metrics read."""
+        pace = {"api_requests_per_second": self.requests_per_second}
+        return {
             "api_requests": self.api.requests,
             "api_429_responses": self.api.throttled,
             "api_retries": self.api.retries,
+            **(pace if self.requests_per_second else {}),
             "seconds": round(time.monotonic() - self.started, 3),
         }
+
+    def metadata(self) -> dict[str, float | int]:
+        return {**self.row_metadata(), **self.request_metadata()}
 
 
 def land(
