@@ -29,10 +29,7 @@ from cdp_assets.tenants.registry import (
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
-# Dagster marks some APIs the code location uses as beta or preview (once per definition,
-# each time it loads), and platformdirs warns about XDG_RUNTIME_DIR on servers: none of it is
-# actionable by a user of the CLI.
-warnings.filterwarnings("ignore", message=".*is currently in (beta|preview)")
+# platformdirs warns about XDG_RUNTIME_DIR on servers: not actionable by a user of the CLI.
 warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
 
 

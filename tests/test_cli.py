@@ -165,3 +165,29 @@ def test_every_pool_an_asset_claims_is_one_cdp_pools_creates():
     assets_defs = defs.resolve_asset_graph().assets_defs
     claimed = {a.op.pool for a in assets_defs if a.is_executable and a.op.pool is not None}
     assert claimed == {*POOL_LIMITS, *DEFAULT_LIMIT_POOLS}
+
+
+def test_common_mistakes_are_one_line_not_a_traceback(monkeypatch):
+    runner = CliRunner()
+    for url, expected in (
+        ("notaurl", "DATABASE_URL is not a PostgreSQL URL (it has no scheme)"),
+        ("mysql://app:s3cret-pw@db/cdp", "DATABASE_URL is not a PostgreSQL URL (its scheme"),
+        ("postgresql://app:s3cret-pw@127.0.0.1:1/cdp", "cannot reach the database"),
+    ):
+        monkeypatch.setenv("DATABASE_URL", url)
+        for command in (["tenants", "list"], ["status", "--check"], ["pools"]):
+            result = runner.invoke(main, command)
+            assert result.exit_code == 1, (url, command, result.output)
+            assert result.output.startswith(f"Error: {expected}"), result.output
+            assert "s3cret-pw" not in result.output and "Traceback" not in result.output
+            assert not isinstance(result.exception, Exception) or isinstance(
+                result.exception, SystemExit
+            )
+
+
+def test_the_sandbox_command_tells_its_options():
+    result = CliRunner().invoke(main, ["sandbox", "--help"])
+    assert result.exit_code == 0
+    for option in ("--port", "--host", "--store"):
+        assert option in result.output
+    assert "--help-sandbox" not in result.output

@@ -24,7 +24,7 @@ from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.ops.alerts import UI_URL_ENV, WEBHOOK_ENV, alert_payload, post_alert
 from cdp_assets.ops.freshness import FRESHNESS
 from cdp_assets.ops.sensors import sync_errors_sensor
-from cdp_assets.ops.status import collect_status, watched_assets
+from cdp_assets.ops.status import collect_status, render_text, status_json, watched_assets
 from cdp_assets.ops.sync_errors import (
     MAX_MESSAGE,
     failed_assets,
@@ -346,6 +346,25 @@ def test_status_counts_runs_in_progress(instance, conn, tenant):
     finally:
         instance.delete_run(started.run_id)
     assert after == (before[0], before[1] + 1)
+
+
+def test_status_shows_the_destination_syncs_still_running_and_their_age(instance, conn, tenant):
+    conn.execute(
+        "INSERT INTO cdp.activation_runs (destination_id, audience, tenant_id, platform,"
+        " dagster_run_id, mode, dry_run, status, started_at) VALUES (%s, 'audience_rfm_champions',"
+        " %s, 'meta', 'run-9f1', 'diff', false, 'running', now() - interval '2 hours 5 minutes')",
+        (f"{tenant}_meta", tenant),
+    )
+    conn.commit()
+    watched = {"vtex_skus": (dg.AssetKey("vtex_skus"),)}
+    found = collect_status(instance, conn, tenant_ids=[tenant], watched=watched)
+    text = render_text(found)
+    assert (
+        f"destination syncs running: 1, the oldest for 2h5m ({tenant}_meta/audience_rfm_champions,"
+        " run run-9f1)" in text
+    )
+    (running,) = status_json(found)["destination_syncs_running"]
+    assert running["dagster_run_id"] == "run-9f1" and running["age_seconds"] >= 7500
 
 
 def test_every_tenant_partitioned_asset_has_a_freshness_expectation():

@@ -9,7 +9,8 @@ the verdict, not a stack trace.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import os
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -23,11 +24,15 @@ from dagster._core.scheduler.instigation import (
 )
 from dagster._utils.schedules import cron_string_iterator
 
+from cdp_assets.lib.ages import format_age
 from cdp_assets.lib.redaction import redact
 
 # The daemon writes a heartbeat every 30 s per daemon thread; Dagster's own tolerance (30
-# minutes) is for its UI, far too late for a probe.
+# minutes) is for its UI, far too late for a probe. $CDP_HEARTBEAT_TOLERANCE_SECONDS sets it,
+# above the heartbeats' interval.
+HEARTBEAT_TOLERANCE_ENV = "CDP_HEARTBEAT_TOLERANCE_SECONDS"
 HEARTBEAT_TOLERANCE = timedelta(seconds=120)
+HEARTBEAT_INTERVAL = timedelta(seconds=30)
 # A sensor is stalled once it missed several of its intervals (a busy daemon runs late), a
 # schedule once its next tick is this late.
 SENSOR_MISSED_INTERVALS = 3
@@ -75,16 +80,36 @@ def database_problem(url: str) -> Problem | None:
     return None
 
 
+def heartbeat_tolerance(environ: Mapping[str, str] | None = None) -> timedelta:
+    """How old the daemon's last heartbeat may be: HEARTBEAT_TOLERANCE unless the environment
+    sets another, which must exceed the heartbeats' interval."""
+    environ = os.environ if environ is None else environ
+    raw = environ.get(HEARTBEAT_TOLERANCE_ENV)
+    if not raw:
+        return HEARTBEAT_TOLERANCE
+    try:
+        tolerance = timedelta(seconds=float(raw))
+    except ValueError:
+        raise ValueError(f"${HEARTBEAT_TOLERANCE_ENV} is not a number of seconds") from None
+    if tolerance <= HEARTBEAT_INTERVAL:
+        raise ValueError(
+            f"${HEARTBEAT_TOLERANCE_ENV} must exceed the daemon's heartbeat interval"
+            f" ({HEARTBEAT_INTERVAL.seconds} s)"
+        )
+    return tolerance
+
+
 def daemon_problems(instance: dg.DagsterInstance, now: datetime) -> list[Problem]:
     """The daemons the instance needs whose heartbeat is missing or old (one problem for all
     of them: a stopped dagster-daemon stops them together), and each that reports an error
     (Dagster keeps a daemon's errors in its heartbeats for 5 minutes)."""
+    tolerance = heartbeat_tolerance()
     heartbeats = instance.get_daemon_heartbeats()
     silent, last_beats, problems = [], [], []
     for daemon in sorted(instance.get_required_daemon_types()):
         heartbeat = heartbeats.get(daemon)
         beat = datetime.fromtimestamp(heartbeat.timestamp, UTC) if heartbeat else None
-        if beat is None or now - beat > HEARTBEAT_TOLERANCE:
+        if beat is None or now - beat > tolerance:
             silent.append(daemon)
             if beat is not None:
                 last_beats.append(beat)
@@ -94,8 +119,8 @@ def daemon_problems(instance: dg.DagsterInstance, now: datetime) -> list[Problem
             problems.append(Problem("daemon", daemon, one_line(detail)))
     if silent:
         last = max(last_beats, default=None)
-        since = f"last heartbeat {_ago(now - last)} ago" if last else "no heartbeat ever"
-        detail = f"{since} (tolerated: {_ago(HEARTBEAT_TOLERANCE)}): is dagster-daemon running?"
+        since = f"last heartbeat {format_age(now - last)} ago" if last else "no heartbeat ever"
+        detail = f"{since} (tolerated: {format_age(tolerance)}): is dagster-daemon running?"
         problems.insert(0, Problem("daemon", ", ".join(silent), detail))
     return problems
 
@@ -203,12 +228,3 @@ def _started_at(state: InstigatorState) -> datetime | None:
         data, "last_sensor_start_timestamp", None
     )
     return datetime.fromtimestamp(started, UTC) if started else None
-
-
-def _ago(delta: timedelta) -> str:
-    seconds = int(delta.total_seconds())
-    if seconds < 120:
-        return f"{seconds} s"
-    if seconds < 7200:
-        return f"{seconds // 60} min"
-    return f"{seconds // 3600} h"

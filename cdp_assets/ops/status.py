@@ -22,6 +22,8 @@ from typing import Any
 import dagster as dg
 import psycopg
 
+from cdp_assets.activation.history import OpenActivationRun, open_activation_runs
+from cdp_assets.lib.ages import format_age
 from cdp_assets.lib.dagster_home import prepare_dagster_home
 from cdp_assets.ops.freshness import FRESHNESS, PLATFORM_FRESHNESS
 from cdp_assets.ops.health import (
@@ -92,6 +94,8 @@ class Status:
     metrics: MetricsReport
     # The daemon, the schedules and sensors, the platform's own assets.
     platform: tuple[Problem, ...] = ()
+    # Destination syncs recorded as running, oldest first (`cdp destinations history`).
+    open_syncs: tuple[OpenActivationRun, ...] = ()
 
     @property
     def problems(self) -> list[Problem]:
@@ -233,8 +237,8 @@ def platform_asset_problems(instance: dg.DagsterInstance, now: datetime) -> list
                 Problem(
                     "asset",
                     name,
-                    f"last materialized {_age(now - at)} ago, at {at:%Y-%m-%d %H:%M} UTC"
-                    f" (expected within {_age(max_age)}): is its schedule running?",
+                    f"last materialized {format_age(now - at)} ago, at {at:%Y-%m-%d %H:%M} UTC"
+                    f" (expected within {format_age(max_age)}): is its schedule running?",
                 )
             )
     return problems
@@ -303,6 +307,7 @@ def collect_status(
     return Status(
         checked_at=now,
         platform=tuple(platform),
+        open_syncs=tuple(open_activation_runs(conn, active if tenant_ids else None)),
         queued_runs=instance.get_runs_count(dg.RunsFilter(statuses=[dg.DagsterRunStatus.QUEUED])),
         in_progress_runs=instance.get_runs_count(dg.RunsFilter(statuses=list(IN_PROGRESS))),
         assets=tuple(assets),
@@ -322,14 +327,6 @@ def platform_instance(warehouse_url: str) -> Iterator[dg.DagsterInstance]:
     prepare_dagster_home(warehouse_url)
     with dg.DagsterInstance.get() as instance:
         yield instance
-
-
-def _age(delta: timedelta) -> str:
-    minutes = int(delta.total_seconds() // 60)
-    hours, minutes = divmod(minutes, 60)
-    if hours >= 48:
-        return f"{hours // 24}d{hours % 24}h"
-    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m"
 
 
 def _hours(delta: timedelta) -> str:
@@ -378,6 +375,13 @@ def _render_assets(status: Status) -> str:
         f"checked {status.checked_at:%Y-%m-%d %H:%M} UTC; runs: {status.queued_runs} queued,"
         f" {status.in_progress_runs} in progress"
     ]
+    if status.open_syncs:
+        oldest = status.open_syncs[0]
+        lines.append(
+            f"destination syncs running: {len(status.open_syncs)}, the oldest for"
+            f" {format_age(oldest.age)} ({oldest.destination_id}/{oldest.audience},"
+            f" run {oldest.dagster_run_id})"
+        )
     if not status.assets:
         lines.append("no active tenants")
         return "\n".join(lines)
@@ -388,7 +392,7 @@ def _render_assets(status: Status) -> str:
     )
     for a in status.assets:
         when = f"{a.last_success:%Y-%m-%d %H:%M}" if a.last_success else "never"
-        age = _age(status.checked_at - a.last_success) if a.last_success else "-"
+        age = format_age(status.checked_at - a.last_success) if a.last_success else "-"
         error = a.last_error
         error_text = f"{error.occurred_at:%Y-%m-%d %H:%M} {error.error_type}" if error else ""
         lines.append(
@@ -415,6 +419,17 @@ def status_json(status: Status) -> dict[str, Any]:
         "healthy": status.healthy,
         "problems": [problem.as_json() for problem in status.problems],
         "runs": {"queued": status.queued_runs, "in_progress": status.in_progress_runs},
+        "destination_syncs_running": [
+            {
+                "tenant_id": sync.tenant_id,
+                "destination_id": sync.destination_id,
+                "audience": sync.audience,
+                "dagster_run_id": sync.dagster_run_id,
+                "started_at": _iso(sync.started_at),
+                "age_seconds": int(sync.age.total_seconds()),
+            }
+            for sync in status.open_syncs
+        ],
         "assets": [
             {
                 "tenant_id": a.tenant_id,

