@@ -15,22 +15,39 @@ from psycopg import sql
 from cdp_assets.activation.destinations import DestinationAudience
 from cdp_assets.activation.identifiers import Contact
 from cdp_assets.activation.sync import MemberSource
+from cdp_assets.analytics.dbt_project import MANIFEST_PATH, manifest_audiences
 
 RowBuilder = Callable[[Contact, str], list[str]]
 
 
+# How the comment of every audience view dbt builds begins (macro record_materialized_view_sql).
+DBT_BUILT = "dbt_sql_md5:"
+
+
 def audience_views(conn: psycopg.Connection) -> set[str]:
-    """Audience materialized views that exist (built by dbt)."""
-    rows = conn.execute("SELECT matviewname FROM pg_matviews WHERE schemaname = 'audiences'")
-    return {name for (name,) in rows}
+    """The audience materialized views activation reads: those that exist, but for one dbt
+    built for a model the platform's definitions do not have (a branch's built with
+    `--target prod`, an audience since dropped), which nothing maintains any more. Their
+    manifest as loaded: a project file changed since (the exposures an audiences refresh
+    writes) is for the next load, not a parse in every activation step."""
+    rows = conn.execute(
+        """
+        SELECT c.relname, coalesce(obj_description(c.oid, 'pg_class'), '')
+          FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+         WHERE n.nspname = 'audiences' AND c.relkind = 'm'
+        """
+    ).fetchall()
+    declared = set(manifest_audiences(MANIFEST_PATH))
+    return {name for name, comment in rows if name in declared or not comment.startswith(DBT_BUILT)}
 
 
 def require_audience(views: set[str], audience: str) -> None:
     """`views`: what `audience_views` read (once per run step, not once per audience)."""
     if audience not in views:
         raise LookupError(
-            f"no audience materialized view audiences.{audience}; build the audiences with dbt"
-            " (or fix the audience name in cdp.destination_audiences)"
+            f"no audience materialized view audiences.{audience} of the dbt project: build the"
+            " audiences with dbt, or fix or turn off the audience"
+            f" (cdp destinations audience DESTINATION {audience} --off)"
         )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import json
 
 import click
@@ -47,6 +48,7 @@ def _require_slug(value: str, what: str) -> None:
 
 
 def _require_destination(conn: psycopg.Connection, destination_id: str) -> None:
+    _require_slug(destination_id, "a destination id")
     if not destination_exists(conn, destination_id):
         raise click.ClickException(
             f"no destination {destination_id!r} (cdp destinations list shows them)"
@@ -166,7 +168,9 @@ def destinations_add(
 def destinations_audience(
     destination_id: str, audience: str, param: tuple[str, ...], off: bool
 ) -> None:
-    """Send an audience materialized view (or a collection rule) to a destination."""
+    """Send an audience (a model of the dbt project's models/audiences/) to a destination, or
+    to a VTEX collections destination a collection rule naming its audience (--param
+    audience=...)."""
     params = {}
     for key, value in _pairs(param, "--param").items():
         try:
@@ -175,10 +179,36 @@ def destinations_audience(
             params[key] = value
     try:
         with _connect() as conn:
+            _require_destination(conn, destination_id)
+            if not off:
+                (platform,) = conn.execute(
+                    "SELECT platform FROM cdp.destinations WHERE destination_id = %s",
+                    (destination_id,),
+                ).fetchone()
+                _require_audience(
+                    params.get("audience") if platform == "vtex_collections" else audience
+                )
             add_audience(conn, destination_id, audience, params, active=not off)
     except (DestinationError, psycopg.errors.ForeignKeyViolation) as error:
         raise click.ClickException(str(error).splitlines()[0]) from None
     click.echo(f"{audience!r} {'off' if off else 'on'} for {destination_id!r}")
+
+
+def _require_audience(name: object) -> None:
+    """Refuse a name that is not an audience of the dbt project, naming the closest ones: a
+    misspelt audience would otherwise fail only when the run pushes it."""
+    from cdp_assets.analytics.dbt_project import ensure_manifest, manifest_audiences
+
+    if not isinstance(name, str):
+        raise click.ClickException("a collection rule names its audience: --param audience=NAME")
+    audiences = manifest_audiences(ensure_manifest())
+    if name in audiences:
+        return
+    close = difflib.get_close_matches(name, audiences, n=3)
+    raise click.ClickException(
+        f"{name!r} is not an audience (a model of dbt_project/models/audiences/): "
+        + (f"did you mean {' or '.join(close)}?" if close else f"audiences: {', '.join(audiences)}")
+    )
 
 
 @destinations.command("reset")
@@ -187,7 +217,6 @@ def destinations_audience(
 def destinations_reset(destination_id: str, audience: str | None) -> None:
     """Forget the platform's audience and what it confirmed: the next run creates the
     audience anew and sends every member (after one was deleted on the platform)."""
-    _require_slug(destination_id, "a destination id")
     if audience is not None:
         _require_slug(audience, "an audience")
     with _connect() as conn:
@@ -215,8 +244,6 @@ def destinations_reset(destination_id: str, audience: str | None) -> None:
 def destinations_history(destination_id: str | None, limit: int) -> None:
     """The latest syncs (cdp.activation_runs), newest first, with their age; a sync still
     running says for how long."""
-    if destination_id is not None:
-        _require_slug(destination_id, "a destination id")
     with _connect() as conn:
         if destination_id is not None:
             _require_destination(conn, destination_id)

@@ -16,6 +16,7 @@ from cdp_assets.analytics.dbt_project import (
     dbt_project,
     ensure_manifest,
     keep_parse,
+    refresh_exposures,
     tenant_translator,
     translator,
 )
@@ -28,7 +29,7 @@ from cdp_assets.tenants.registry import SLUG
 MANIFEST = ensure_manifest()
 # Read by macro run_var.
 RUN_VARS_ENV = "CDP_DBT_RUN_VARS"
-# The analytics' as-of day, YYYY-MM-DD; unset (as in production), today in UTC.
+# The analytics' as-of day, YYYY-MM-DD; unset (as in production), the day a refresh started.
 AS_OF_ENV = "CDP_AS_OF"
 WRITE_JSON_ENV = "DBT_WRITE_JSON"
 # Models by folder; their tests come by (cautious) indirect selection, so a test declared
@@ -47,21 +48,31 @@ NOT_IN_TENANT_MODELS = "churn_risk+ tag:weekly+"
 AUDIENCE_MODELS = "path:models/audiences,resource_type:model"
 
 
-def as_of_day() -> str:
+def as_of_day(started: datetime | None = None) -> str:
     """`CDP_AS_OF` if set, to rebuild the analytics as of a past day or keep a series of
-    runs on one day across midnight; otherwise today in UTC."""
+    runs on one day across midnight; otherwise the day (UTC) `started`, or today."""
     pinned = os.environ.get(AS_OF_ENV, "").strip()
     if not pinned:
-        return datetime.now(UTC).date().isoformat()
+        return (started or datetime.now(UTC)).astimezone(UTC).date().isoformat()
     try:
         return date.fromisoformat(pinned).isoformat()
     except ValueError:
         raise ValueError(f"{AS_OF_ENV} must be a day as YYYY-MM-DD, not {pinned[:40]!r}") from None
 
 
-def dbt_vars(tenant_ids: Sequence[str] | None) -> str:
-    """The run's vars (macro `run_var`) for some tenants (or all), as of `as_of_day()`."""
-    values: dict = {"as_of": as_of_day()}
+def refresh_started(context: dg.AssetExecutionContext) -> datetime | None:
+    """When the refresh this step belongs to started: its run's creation, or the first run's
+    for a re-execution. Every step of a refresh is as of that day, so that its marts, fits and
+    scores agree even when midnight falls between them."""
+    run = context.run
+    record = context.instance.get_run_record_by_id(run.root_run_id or run.run_id)
+    return record.create_timestamp if record else None
+
+
+def dbt_vars(tenant_ids: Sequence[str] | None, started: datetime | None = None) -> str:
+    """The run's vars (macro `run_var`) for some tenants (or all), as of
+    `as_of_day(started)`."""
+    values: dict = {"as_of": as_of_day(started)}
     if tenant_ids is not None:
         for tenant_id in tenant_ids:
             # The macros refuse such an id too, but dbt would first choke on its YAML (JSON
@@ -98,7 +109,7 @@ def _run_dbt(
     # Nor does it write manifest.json (twice per build, 0.6 s each) and run_results.json: the
     # event log holds each node's result. DBT_WRITE_JSON=true in the environment writes them.
     run_environment = {
-        RUN_VARS_ENV: dbt_vars(tenant_ids),
+        RUN_VARS_ENV: dbt_vars(tenant_ids, refresh_started(context)),
         WRITE_JSON_ENV: os.environ.get(WRITE_JSON_ENV, "false"),
     }
     with temporary_environment(run_environment):
@@ -233,5 +244,8 @@ def dbt_churn_holdout(context: dg.AssetExecutionContext, dbt: CdpDbtCliResource)
 )
 def dbt_audiences(context: dg.AssetExecutionContext, dbt: CdpDbtCliResource):
     """Audience materialized views over every tenant, refreshed whole, or concurrently
-    beside a reader in one."""
+    beside a reader in one; then the project's exposures, where each audience is sent."""
     yield from _run_dbt(context, dbt, None)
+    with WarehouseResource().connect() as conn:
+        if refresh_exposures(conn):
+            context.log.info("destinations changed: the project's exposures were written again")

@@ -1,11 +1,15 @@
 """The dbt project beside the package: its manifest, its connection, and how its nodes
 become Dagster assets."""
 
+import getpass
+import json
 import os
+import re
 import shutil
+import subprocess
 import sys
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from functools import cached_property
 from importlib.metadata import version
 from pathlib import Path
@@ -13,6 +17,8 @@ from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import dagster as dg
+import psycopg
+import yaml
 from dagster_dbt import (
     DagsterDbtTranslator,
     DagsterDbtTranslatorSettings,
@@ -30,13 +36,19 @@ from packaging.version import Version
 
 from cdp_assets.analytics.automation import ANALYTICS_AUTOMATION
 from cdp_assets.analytics.dbt_fork import ForkedDbt
+from cdp_assets.lib.environ import temporary_environment
 from cdp_assets.partitions import tenants
 
 DBT_PROJECT_DIR = Path(__file__).resolve().parents[2] / "dbt_project"
 # The dbt installed beside this interpreter, whether or not its folder is on PATH.
 DBT_EXECUTABLE = str(Path(sys.executable).parent / "dbt")
+# The target writing the production schemas (profiles.yml): every dbt command of the
+# platform's, whatever DBT_TARGET says. A person's default is `dev`, schemas of their own.
+PRODUCTION_TARGET = "prod"
 
-dbt_project = DbtProject(project_dir=DBT_PROJECT_DIR, profiles_dir=DBT_PROJECT_DIR)
+dbt_project = DbtProject(
+    project_dir=DBT_PROJECT_DIR, profiles_dir=DBT_PROJECT_DIR, target=PRODUCTION_TARGET
+)
 
 
 class CdpDbtCliResource(DbtCliResource):
@@ -90,7 +102,13 @@ class CdpDbtCliResource(DbtCliResource):
         if KEPT_PARSE.exists():
             target_path.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(KEPT_PARSE, target_path / PARTIAL_PARSE)
-        command = [self.dbt_executable, *self.global_config_flags, *args, *params.selection_args]
+        command = [
+            self.dbt_executable,
+            *self.global_config_flags,
+            *args,
+            *(["--target", self.target] if self.target else []),
+            *params.selection_args,
+        ]
         return DbtCliInvocation(
             process=ForkedDbt(command, env, project_dir),  # type: ignore[arg-type] (Popen's part)
             manifest=params.manifest,
@@ -131,7 +149,9 @@ def ensure_manifest() -> Path:
     """Parse the project when its manifest is missing or older than any project file, so the
     code location, tests and CLI always load the models as they are on disk. Processes that
     load the definitions together (webserver, daemon, test workers) parse one at a time, each
-    parse in a folder of its own, and the manifest is replaced atomically."""
+    parse in a folder of its own, and the manifest is replaced atomically. A parse connects to
+    nothing: without DATABASE_URL (an image's build) the profile names a server never reached."""
+    prune_exposures()
     newest = max(path.stat().st_mtime for path in project_files())
     MANIFEST_PATH.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(MANIFEST_PATH.with_name(".parse.lock")):
@@ -139,8 +159,10 @@ def ensure_manifest() -> Path:
             os.environ.setdefault("DO_NOT_TRACK", "1")
             parse_target = dbt_project.target_path / f"parse-{uuid.uuid4().hex}"
             parsed = DBT_PROJECT_DIR / parse_target
+            url = os.environ.get("DATABASE_URL") or UNCONNECTED_URL
             try:
-                dbt_resource().cli(["parse", "--quiet"], target_path=parse_target).wait()
+                with temporary_environment(dbt_connection_env(url)):
+                    dbt_resource().cli(["parse", "--quiet"], target_path=parse_target).wait()
                 os.replace(parsed / "manifest.json", MANIFEST_PATH)
                 keep_parse(parsed)
             finally:
@@ -148,9 +170,15 @@ def ensure_manifest() -> Path:
     return MANIFEST_PATH
 
 
+# What profiles.yml is given for a parse without a database: a parse never connects.
+UNCONNECTED_URL = "postgresql://unconnected/postgres"
+
 PARTIAL_PARSE = "partial_parse.msgpack"
-# The project's own parse, which each invocation starts from and leaves its own in.
-KEPT_PARSE = DBT_PROJECT_DIR / dbt_project.target_path / PARTIAL_PARSE
+# Production's folder in dbt's output, which no person's dbt command writes (theirs go to
+# target/): the project's own parse, which each of the platform's invocations starts from and
+# leaves its own in, and production's manifest, which `cdp dbt` defers to.
+PRODUCTION_STATE = DBT_PROJECT_DIR / dbt_project.target_path / "production"
+KEPT_PARSE = PRODUCTION_STATE / PARTIAL_PARSE
 
 
 def keep_parse(invocation_target: Path) -> None:
@@ -161,9 +189,31 @@ def keep_parse(invocation_target: Path) -> None:
     parsed = invocation_target / PARTIAL_PARSE
     if not parsed.exists():
         return
+    KEPT_PARSE.parent.mkdir(parents=True, exist_ok=True)
     incoming = KEPT_PARSE.with_name(f".{PARTIAL_PARSE}.{uuid.uuid4().hex}")
     shutil.copyfile(parsed, incoming)
     os.replace(incoming, KEPT_PARSE)
+
+
+def refresh_production_state(env: Mapping[str, str]) -> Path:
+    """Production's manifest (the project parsed with the prod target, on the database of
+    `env`, the environment `dbt_connection_env` gives), in PRODUCTION_STATE: the folder to give
+    dbt as `--state`, so that `--defer` reads production's relations for what a person's
+    command does not build. Parsed in a folder of its own, from the platform's kept parse, and
+    replaced whole. A parse that fails (dbt says why) raises CalledProcessError."""
+    PRODUCTION_STATE.mkdir(parents=True, exist_ok=True)
+    parsed = PRODUCTION_STATE / f".parse-{uuid.uuid4().hex}"
+    parsed.mkdir()
+    try:
+        if KEPT_PARSE.exists():
+            shutil.copyfile(KEPT_PARSE, parsed / PARTIAL_PARSE)
+        command = [DBT_EXECUTABLE, "parse", "--quiet", "--target", PRODUCTION_TARGET]
+        command += ["--profiles-dir", str(DBT_PROJECT_DIR), "--target-path", str(parsed)]
+        subprocess.run(command, cwd=DBT_PROJECT_DIR, env=env, check=True)
+        os.replace(parsed / "manifest.json", PRODUCTION_STATE / "manifest.json")
+    finally:
+        shutil.rmtree(parsed, ignore_errors=True)
+    return PRODUCTION_STATE
 
 
 # Settings of dbt's sessions. JIT: the planner over-estimates the recursive and JSONB-heavy
@@ -171,12 +221,18 @@ def keep_parse(invocation_target: Path) -> None:
 # it does not speed up. work_mem: Postgres' default 4 MB spilled the identity and staging
 # sorts and hashes to disk. Together 12 % of the seed-scale build (94 s -> 83 s).
 DBT_SESSION_SETTINGS = "-c jit=off -c work_mem=64MB"
+# Read by macro audience_models: the audiences the project holds.
+AUDIENCE_MODELS_ENV = "CDP_AUDIENCE_MODELS"
+# Read by profiles.yml: the dev target's schema, every dev schema's prefix.
+SCHEMA_PREFIX_ENV = "DBT_SCHEMA_PREFIX"
 
 
 def dbt_connection_env(url: str) -> dict[str, str]:
-    """The CDP_PG* variables `profiles.yml` reads, from a `postgresql://` URL (a Unix socket
-    directory given as `?host=` works too), and the sessions' settings (PGOPTIONS, which libpq
-    reads: options already in the environment come after ours and win)."""
+    """What the project reads from the environment: the CDP_PG* variables `profiles.yml`
+    connects with, from a `postgresql://` URL (a Unix socket directory given as `?host=` works
+    too); the prefix of a person's schemas (dev target); the audience models; and the sessions'
+    settings (PGOPTIONS, which libpq reads: options already in the environment come after ours
+    and win)."""
     parts = urlsplit(url)
     query = parse_qs(parts.query)
     options = os.environ.get("PGOPTIONS", "")
@@ -188,8 +244,122 @@ def dbt_connection_env(url: str) -> dict[str, str]:
         "CDP_PGUSER": unquote(parts.username or "postgres"),
         "CDP_PGPASSWORD": unquote(parts.password or ""),
         "CDP_PGDATABASE": parts.path.lstrip("/") or "postgres",
+        SCHEMA_PREFIX_ENV: person_schema_prefix(),
+        AUDIENCE_MODELS_ENV: ",".join(audience_model_names()),
         "PGOPTIONS": options,
     }
+
+
+def person_schema_prefix() -> str:
+    """DBT_SCHEMA_PREFIX, else dev_ and the user's name as an identifier (dev_alice): the
+    schemas a person's builds write (the dev target), e.g. dev_alice_marts."""
+    if os.environ.get(SCHEMA_PREFIX_ENV):
+        return os.environ[SCHEMA_PREFIX_ENV]
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no user name in the environment nor in the password file
+        user = "analyst"
+    return "dev_" + re.sub(r"[^a-z0-9_]", "_", user.lower())[:36]
+
+
+AUDIENCES_FOLDER = DBT_PROJECT_DIR / "models" / "audiences"
+# The one model of the audiences folder that is not an audience.
+AUDIENCE_CATALOG = "audience_catalog"
+
+
+def audience_model_names() -> list[str]:
+    """The audiences as the project's files hold them: every model of models/audiences/ but
+    the catalog."""
+    return sorted(p.stem for p in AUDIENCES_FOLDER.rglob("*.sql") if p.stem != AUDIENCE_CATALOG)
+
+
+def manifest_audiences(manifest_path: Path) -> list[str]:
+    """The audiences a manifest holds, by the same rule: MANIFEST_PATH for those of the
+    definitions the platform runs, `ensure_manifest()` for those of the project on disk."""
+    nodes = json.loads(manifest_path.read_text())["nodes"].values()
+    return sorted(
+        node["name"]
+        for node in nodes
+        if node["resource_type"] == "model"
+        and node["fqn"][1:2] == ["audiences"]
+        and node["name"] != AUDIENCE_CATALOG
+    )
+
+
+# dbt exposures (docs: which audience goes to which destination), generated; not in git.
+EXPOSURES_PATH = DBT_PROJECT_DIR / "models" / "_destinations__exposures.yml"
+EXPOSURES_HEADER = """\
+# Generated by `cdp dbt exposures` and every audiences refresh from cdp.destinations and
+# cdp.destination_audiences (active destinations, active audiences): do not edit.
+"""
+DESTINATIONS_SQL = """
+SELECT d.destination_id, d.tenant_id, d.platform, d.account_id,
+       array_agg(DISTINCT CASE WHEN d.platform = 'vtex_collections'
+                               THEN a.params ->> 'audience' ELSE a.audience END)
+  FROM cdp.destinations d
+  JOIN cdp.destination_audiences a USING (destination_id)
+  JOIN cdp.tenants t USING (tenant_id)
+ WHERE d.active AND a.active AND t.active
+ GROUP BY 1, 2, 3, 4
+ ORDER BY 1
+"""
+# What a VTEX collection rule reads beside its audience (vtex/collection_rules.py).
+COLLECTION_RULE_MODELS = ("int_orders__purchases", "stg_vtex__order_items")
+
+
+def refresh_exposures(conn: psycopg.Connection) -> bool:
+    """Write one exposure per active destination, depending on the audiences it is sent;
+    whether the file changed."""
+    exposures = []
+    for destination_id, tenant_id, platform, account_id, audiences in conn.execute(
+        DESTINATIONS_SQL
+    ):
+        models = [*audiences, *(COLLECTION_RULE_MODELS if platform == "vtex_collections" else ())]
+        exposures.append(
+            {
+                "name": destination_id,
+                "label": f"{destination_id}: {platform} {account_id}".strip(),
+                "type": "application",
+                "maturity": "high",
+                "owner": {"name": "team:marketing-ops"},
+                "description": f"Tenant {tenant_id}'s {platform} destination"
+                + (f", account {account_id}" if account_id else "")
+                + ", which activation sends these audiences.",
+                "depends_on": [f"ref('{model}')" for model in sorted(m for m in models if m)],
+                "meta": {"tenant_id": tenant_id, "platform": platform, "account_id": account_id},
+            }
+        )
+    return write_exposures(exposures)
+
+
+def prune_exposures() -> bool:
+    """The exposures file without what no longer exists: an audience dropped from the project
+    while a destination still sends it would otherwise fail every parse."""
+    if not EXPOSURES_PATH.exists():
+        return False
+    return write_exposures(
+        (yaml.safe_load(EXPOSURES_PATH.read_text()) or {}).get("exposures") or []
+    )
+
+
+def write_exposures(exposures: Iterable[Mapping[str, Any]]) -> bool:
+    """`exposures`, each without the models the project lacks (and gone when none is left),
+    as the exposures file; whether that changed it (a change is a new parse)."""
+    models = {path.stem for path in (DBT_PROJECT_DIR / "models").rglob("*.sql")}
+    kept = []
+    for exposure in exposures:
+        refs = [ref for ref in exposure["depends_on"] if ref[len("ref('") : -2] in models]
+        if any(ref[len("ref('") : -2] not in COLLECTION_RULE_MODELS for ref in refs):
+            kept.append({**exposure, "depends_on": refs})
+    text = EXPOSURES_HEADER + yaml.safe_dump(
+        {"version": 2, "exposures": kept}, sort_keys=False, width=100
+    )
+    if EXPOSURES_PATH.exists() and EXPOSURES_PATH.read_text() == text:
+        return False
+    incoming = EXPOSURES_PATH.with_name(f".{EXPOSURES_PATH.name}.{uuid.uuid4().hex}")
+    incoming.write_text(text)
+    os.replace(incoming, EXPOSURES_PATH)
+    return True
 
 
 WEEKLY_TAG = "weekly"
@@ -255,10 +425,22 @@ class CdpDbtTranslator(DagsterDbtTranslator):
         if props["resource_type"] != "model":
             return spec
         layer = props["fqn"][1] if len(props["fqn"]) > 2 else "analytics"
-        return spec.replace_attributes(
+        spec = spec.replace_attributes(
             key=dg.AssetKey(props["name"]),
             group_name=layer,
             automation_condition=None if WEEKLY_TAG in props["tags"] else ANALYTICS_AUTOMATION,
+        )
+        # Where activation sends it (the project's exposures): one asset per ad account would
+        # grow the graph with every destination, so the destinations are the audience's metadata.
+        destinations = [
+            manifest["exposures"][child]
+            for child in manifest["child_map"].get(unique_id, [])
+            if child in manifest["exposures"]
+        ]
+        if not destinations:
+            return spec
+        return spec.merge_attributes(
+            metadata={"destinations": ", ".join(d["label"] for d in destinations)}
         )
 
 

@@ -5,28 +5,46 @@
 -#}
 
 {#-
-    Every audience materialized view, for audience_catalog and the tests. A singular test
-    (audience_models_listed) fails when a materialized view in models/audiences is missing.
+    Every audience: each model of models/audiences/ but audience_catalog, for the catalog and
+    the tests that read all of them. A model's dependencies are fixed when dbt parses it, and
+    nothing then lists a folder (dbt-core#1212), so the platform and `cdp dbt` pass the
+    folder's models in env var CDP_AUDIENCE_MODELS (analytics/dbt_project.py,
+    audience_model_names): a new audience needs no list of its own.
 -#}
 {% macro audience_models() -%}
-    {{ return([
-        'audience_rfm_champions',
-        'audience_rfm_loyal_customers',
-        'audience_rfm_potential_loyalists',
-        'audience_rfm_new_customers',
-        'audience_rfm_promising',
-        'audience_rfm_need_attention',
-        'audience_rfm_about_to_sleep',
-        'audience_rfm_at_risk',
-        'audience_rfm_cant_lose_them',
-        'audience_rfm_hibernating',
-        'audience_rfm_lost',
-        'audience_high_clv',
-        'audience_high_churn_risk',
-        'audience_win_back',
-        'audience_new_customers',
-        'audience_newsletter_subscribers',
-    ]) }}
+    {%- set listed = env_var('CDP_AUDIENCE_MODELS', '') -%}
+    {%- if not listed -%}
+        {{ exceptions.raise_compiler_error(
+            "CDP_AUDIENCE_MODELS is not set: run dbt as `cdp dbt ARGS`, which lists the"
+            ~ " audiences of models/audiences/ in it"
+        ) }}
+    {%- endif -%}
+    {{ return(listed.split(',')) }}
+{%- endmacro %}
+
+
+{#-
+    Pre-hook of the audiences folder. Activation reads an audience by tenant_id and
+    customer_key, from a materialized view: every audience declares a contract with at least
+    those columns, and the contract is held here, since dbt-postgres enforces none on a
+    materialized view (it does on the catalog, a view). The check compiles the model's query
+    and the declared columns without reading a row (dbt's own check for tables and views).
+-#}
+{% macro enforce_audience_contract() -%}
+    {%- if execute and model.name in audience_models() -%}
+        {%- set declared = model.columns.values() | selectattr('data_type') | map(attribute='name') | list -%}
+        {%- set missing = ['tenant_id', 'customer_key'] | reject('in', declared) | list -%}
+        {%- set contract = config.get('contract') -%}
+        {%- if config.get('materialized') != 'materialized_view' or not contract.enforced or missing -%}
+            {{ exceptions.raise_compiler_error(
+                "audience " ~ model.name ~ " must be a materialized view with an enforced contract"
+                ~ " declaring (with data_type) at least tenant_id and customer_key"
+                ~ (" (missing: " ~ missing | join(', ') ~ ")" if missing else "")
+                ~ ": declare it in models/audiences/_audiences__models.yml (README, Add an audience)"
+            ) }}
+        {%- endif -%}
+        {{ get_assert_columns_equivalent(sql) }}
+    {%- endif -%}
 {%- endmacro %}
 
 

@@ -1,11 +1,39 @@
 {#-
+    Pre-hook of every model (dbt_project.yml), the first inside its transaction: an incremental
+    table's rows of the run's tenants are written by one build at a time. Two builds of one
+    tenant's model (two people, a person and the platform, whatever starts them) would
+    otherwise both delete the old rows and both append: the second's delete cannot see the
+    rows the first has not committed yet, and the tenant's rows double. The second now waits
+    for the first to commit, then replaces its rows. Advisory locks held until the model's
+    transaction ends, per table (its full name: prod and dev tables never wait for each
+    other) and tenant: a build of every tenant takes the table's lock exclusively, one of some
+    tenants shares it and takes theirs, in one order (sorted) so that builds never deadlock.
+-#}
+{% macro serialize_tenant_writes() -%}
+    {%- if config.get('materialized') == 'incremental' -%}
+        {%- set table_key = 'hashtext(' ~ sql_literal(this | string) ~ ')' -%}
+        {%- set tenant_ids = tenant_ids_var() -%}
+        {%- if tenant_ids is none -%}
+            select pg_advisory_xact_lock({{ table_key }})
+        {%- else -%}
+            select pg_advisory_xact_lock_shared({{ table_key }})
+            {%- for tenant_id in tenant_ids -%}
+                , pg_advisory_xact_lock({{ table_key }}, hashtext({{ sql_literal(tenant_id) }}))
+            {%- endfor %}
+        {%- endif -%}
+    {%- endif -%}
+{%- endmacro %}
+
+
+{#-
     Pre-hook of every tenant-scoped incremental model (strategy append): it deletes exactly
     the rows in scope, the tenants the var names or everything when it is not set, and the
     append then inserts the fresh ones. A tenant whose rows all disappear (e.g. it fell below
     the RFM minimum) keeps nothing stale, which delete+insert keyed on tenant_id would not
     give: it deletes only the tenants present in the new batch. It runs inside the model's
-    transaction, before the insert, so readers see the old rows until the commit, and other
-    tenants' rows are never touched.
+    transaction, after its locks (serialize_tenant_writes) and before the insert, so readers
+    see the old rows until the commit, no other build of the tenant is between the delete and
+    the insert, and other tenants' rows are never touched.
 
     A full refresh with a tenant var is refused (refuse_partial_full_refresh).
 -#}
@@ -98,9 +126,10 @@
     key's index alone (migration 0010). The index-only scan consults the table's visibility
     map, never its TOAST table, where the documents are: that part (5 GB of a million
     orders) is left to autovacuum. Rendered at execution only: at parse time the model's
-    meta is not resolved yet. -#}
+    meta is not resolved yet. Production's builds only: the raw tables are the platform's, and
+    a person's build reads them, nothing more. -#}
 {% macro vacuum_raw_table() -%}
-    {%- if execute -%}
+    {%- if execute and target.name == 'prod' -%}
         vacuum (process_toast false) {{ source('raw_vtex', config.get('meta')['raw_table']) }}
     {%- endif -%}
 {%- endmacro %}

@@ -1,7 +1,7 @@
 {{ config(materialized='view', indexes=[]) }}
 
--- Members per audience and tenant, zeros included, over every audience materialized view
--- (the list lives in macros/audiences.sql: audience_models()).
+-- Members per audience and tenant, zeros included, over every audience (each model of
+-- models/audiences/: macro audience_models()).
 with memberships as (
     {% for audience in audience_models() %}
     select {{ sql_literal(audience) }} as audience, tenant_id, count(*) as members
