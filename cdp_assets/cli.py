@@ -22,6 +22,7 @@ from cdp_assets.tenants.registry import (
     Tenant,
     TenantError,
     add_tenant,
+    default_history_start,
     get_tenant,
     list_tenants,
     set_active,
@@ -324,9 +325,8 @@ def tenants_list() -> None:
 @click.option("--priority", default=100, show_default=True, help="Lower syncs first.")
 @click.option(
     "--history-start",
-    default="2020-01-01",
-    show_default=True,
-    help="First day of order history to sync (YYYY-MM-DD).",
+    help="First day of order history to sync (YYYY-MM-DD). Default: as far back as VTEX"
+    " serves orders (two years); older orders are imported with `tenants import-orders`.",
 )
 @click.option("--country", default="BR", show_default=True, help="Default ISO-3166 country.")
 @click.option("--inactive", is_flag=True, help="Register without syncing yet.")
@@ -337,13 +337,13 @@ def tenants_add(
     app_token_ref: str,
     environment: str,
     priority: int,
-    history_start: str,
+    history_start: str | None,
     country: str,
     inactive: bool,
 ) -> None:
     """Add (or update) a tenant. Credentials are given as env var names, never values."""
     try:
-        start = date.fromisoformat(history_start)
+        start = date.fromisoformat(history_start) if history_start else default_history_start()
     except ValueError:
         raise click.BadParameter(
             f"{history_start!r} is not YYYY-MM-DD", param_hint="--history-start"
@@ -369,6 +369,30 @@ def tenants_add(
     click.echo(f"tenant {tenant_id!r} saved; its partition appears within one sensor tick")
     if missing:
         click.echo(f"note: {', '.join(missing)} not set here; runs need them in their environment")
+
+
+@tenants.command("import-orders")
+@click.argument("tenant_id")
+@click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+def tenants_import_orders(tenant_id: str, path: Path) -> None:
+    """Import orders older than the two years VTEX serves from PATH: Get order documents,
+    one JSON document a line (NDJSON, gzip accepted). They are checked, quarantined and
+    upserted like synced orders, so importing a file again changes nothing."""
+    from cdp_assets.vtex.import_orders import import_orders
+
+    try:
+        with _connect() as conn:
+            get_tenant(conn, tenant_id)
+            run_id = f"import-{time.strftime('%Y%m%dT%H%M%S')}"
+            landing = import_orders(conn, tenant_id, path, run_id)
+    except TenantError as error:
+        raise click.ClickException(str(error)) from None
+    counts = landing.counts
+    click.echo(
+        f"imported {path.name}: {landing.received} orders read, {counts.inserted} inserted,"
+        f" {counts.updated} updated, {counts.unchanged} unchanged, {landing.rejected} rejected"
+        " (raw_vtex.rejects)"
+    )
 
 
 @tenants.command("deactivate")
@@ -434,14 +458,109 @@ def tenants_feed(tenant_id: str, on: bool, statuses: tuple[str, ...]) -> None:
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def dbt(args: tuple[str, ...]) -> None:
     """Run dbt in dbt_project/ against the platform's database, e.g.
-    `cdp dbt build --vars '{tenant_id: acme}'`. Keeps an embedded server up while dbt runs."""
-    from cdp_assets.analytics.dbt_project import DBT_PROJECT_DIR, dbt_connection_env
+    `cdp dbt build --vars '{tenant_id: acme}'`. Keeps an embedded server up while dbt runs.
 
-    env = {**os.environ, **dbt_connection_env(migrated_url()), "DO_NOT_TRACK": "1"}
-    command = [str(Path(sys.executable).parent / "dbt"), *args]
+    The target is `dev` unless `--target prod`: schemas of your own (DBT_SCHEMA_PREFIX, default
+    dev_<user name>), never the ones activation reads. `--defer` reads production's relations
+    for what the command does not build, by production's manifest (dbt_project/target/
+    production/). `cdp dbt exposures` writes the destinations into the project as dbt
+    exposures."""
+    from cdp_assets.analytics.dbt_project import (
+        DBT_EXECUTABLE,
+        DBT_PROJECT_DIR,
+        PRODUCTION_TARGET,
+        dbt_connection_env,
+        prune_exposures,
+        refresh_exposures,
+        refresh_production_state,
+    )
+
+    url = migrated_url()
+    if args == ("exposures",):
+        with psycopg.connect(url) as conn:
+            changed = refresh_exposures(conn)
+        click.echo(f"exposures {'written' if changed else 'unchanged'}")
+        return
+    env = {**os.environ, **dbt_connection_env(url), "DO_NOT_TRACK": "1"}
+    prune_exposures()
+    target = (_option_values(args, "--target", "-t") or [env.get("DBT_TARGET", "")])[-1]
+    if target == PRODUCTION_TARGET:
+        click.echo("target prod: the production schemas, which activation reads", err=True)
+    state_given = _option_values(args, "--state", "--defer-state") or "DBT_STATE" in env
+    deferring = "--defer" in args or env.get("DBT_DEFER", "").lower() in ("1", "true")
+    if deferring and not state_given:
+        try:
+            env["DBT_STATE"] = str(refresh_production_state(env))
+        except subprocess.CalledProcessError as failed:  # dbt printed why
+            raise SystemExit(failed.returncode) from None
+    command = [DBT_EXECUTABLE, *args]
     if args and "--profiles-dir" not in args:
         command += ["--profiles-dir", str(DBT_PROJECT_DIR)]
     raise SystemExit(subprocess.call(command, cwd=DBT_PROJECT_DIR, env=env))
+
+
+def _option_values(args: tuple[str, ...], *names: str) -> list[str]:
+    """The values given to any of the options `names` (`--name value` or `--name=value`)."""
+    values = []
+    for index, arg in enumerate(args):
+        name, equals, value = arg.partition("=")
+        if name in names:
+            values.append(value if equals else (args[index + 1 : index + 2] or [""])[0])
+    return values
+
+
+@main.group()
+def db() -> None:
+    """The platform's database: keep the embedded server up, print its URL, open psql."""
+
+
+@db.command("up")
+def db_up() -> None:
+    """Keep the embedded PostgreSQL running until `cdp db down` (otherwise it stops with the
+    last command using it), so that psql, dbt and BI tools connect between commands; prints
+    its URL. Nothing to do when DATABASE_URL names a server."""
+    from cdp_assets.lib.database import keep_embedded_server_up
+
+    if os.environ.get("DATABASE_URL"):
+        click.echo("DATABASE_URL names the server: nothing to keep up (`cdp db url` prints it)")
+        return
+    click.echo(keep_embedded_server_up())
+
+
+@db.command("down")
+def db_down() -> None:
+    """Stop keeping the embedded server up: it stops now, or when the last command still
+    using it (a `cdp dev`, a demo) ends."""
+    from cdp_assets.lib.database import embedded_server_running, stop_keeping_embedded_server_up
+
+    if not stop_keeping_embedded_server_up():
+        click.echo("the embedded server was not kept up (`cdp db up`)")
+    elif embedded_server_running():
+        click.echo("no longer kept up; still used by other commands, it stops when they end")
+    else:
+        click.echo("embedded server stopped")
+
+
+@db.command("url")
+def db_url() -> None:
+    """Print the database's URL, a libpq connection string for psql, dbt and BI tools:
+    DATABASE_URL, or the embedded server's (a Unix socket) while `cdp db up` keeps it up."""
+    from cdp_assets.lib.database import database_url, embedded_server_kept_up
+
+    if not (os.environ.get("DATABASE_URL") or embedded_server_kept_up()):
+        raise click.ClickException(
+            "the embedded server stops with the last command using it: `cdp db up` keeps it"
+            " running, then `cdp db url` prints its URL"
+        )
+    click.echo(database_url())
+
+
+@db.command("shell")
+def db_shell() -> None:
+    """Open psql on the platform's database (the embedded server stays up meanwhile)."""
+    from cdp_assets.lib.database import psql_executable
+
+    raise SystemExit(subprocess.call([psql_executable(), migrated_url()]))
 
 
 @main.command()

@@ -26,11 +26,14 @@ SAME_WORKER = {  # file -> the session fixture it shares
     "test_secrets_and_pii.py": "shared_pipeline",
 }
 LONGEST_FIRST = (
+    "test_quick_start.py",
     "test_bench.py",
     "test_tenant_isolation.py",
     "test_secrets_and_pii.py",
     "test_analytics.py",
     "test_ui.py",
+    "test_analyst_workflow.py",
+    "test_activation_meta.py",
     "test_automation.py",
 )
 

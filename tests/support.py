@@ -6,9 +6,11 @@ import json
 import os
 import subprocess
 import time
-from datetime import date
+from datetime import UTC, date, datetime
+from pathlib import Path
 
 import dagster as dg
+import orjson
 import psycopg
 from dagster._daemon.types import DaemonHeartbeat
 
@@ -16,8 +18,9 @@ from cdp_assets.analytics.dbt_project import DBT_EXECUTABLE, DBT_PROJECT_DIR, db
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.partitions import order_months, tenant_month_range_tags, tenants
 from cdp_assets.sandbox import SandboxProcess, credentials_for
-from cdp_assets.tenants.registry import Tenant, add_tenant
+from cdp_assets.tenants.registry import Tenant, add_tenant, vtex_orders_available_from
 from cdp_assets.vtex.assets import vtex_customers, vtex_orders, vtex_products, vtex_skus
+from cdp_assets.vtex.import_orders import import_orders
 from cdp_assets.vtex.resources import VtexResource
 
 TABLES = {
@@ -91,18 +94,73 @@ def sync(
     return results
 
 
+def import_unavailable_orders(
+    conn: psycopg.Connection, sandbox: SandboxProcess, tenant_id: str, account: str, folder: Path
+) -> None:
+    """The account's orders older than VTEX serves, imported from a file of Get order
+    documents, as an operator imports a store's history."""
+    available_from = vtex_orders_available_from(datetime.now(UTC))
+    path = folder / f"{tenant_id}-older-orders.ndjson"
+    with path.open("wb") as file:
+        for record in sandbox.export(account, "orders"):
+            document = record["doc"]
+            created = isinstance(document, dict) and document.get("creationDate")
+            if created and datetime.fromisoformat(created) < available_from:
+                file.write(orjson.dumps(document) + b"\n")
+    import_orders(conn, tenant_id, path, "import-older-orders")
+
+
+def evaluate_check(
+    instance: dg.DagsterInstance,
+    check: dg.AssetChecksDefinition,
+    tenant_id: str,
+    month: str | None = None,
+) -> dg.AssetCheckEvaluation:
+    """A VTEX asset check alone, for one tenant's partition (with `month`: one tenant x month
+    partition), as a run launched for it runs it."""
+    instance.add_dynamic_partitions(tenants.name, [tenant_id])
+    (check_key,) = check.check_keys
+    asset = next(a for _, a in TABLES.values() if a.key == check_key.asset_key)
+    job = dg.define_asset_job(
+        "check_alone",
+        selection=dg.AssetSelection.checks(check),
+        partitions_def=asset.partitions_def,
+    )
+    definitions = dg.Definitions(
+        assets=[asset],
+        asset_checks=[check],
+        jobs=[job],
+        resources={"warehouse": WarehouseResource(), "vtex": VtexResource()},
+    )
+    # The partition as a run launched for it carries it (execute_in_process's partition_key
+    # looks for a partitioned asset in the selection, and there is none).
+    tags = {"dagster/partition": tenant_id}
+    if month is not None:
+        key = dg.MultiPartitionKey({"tenant": tenant_id, "month": month})
+        tags = {
+            "dagster/partition": str(key),
+            "dagster/partition/tenant": tenant_id,
+            "dagster/partition/month": month,
+        }
+    result = definitions.resolve_job_def(job.name).execute_in_process(instance=instance, tags=tags)
+    (evaluation,) = result.get_asset_check_evaluations()
+    return evaluation
+
+
 def metadata(result: dg.ExecuteInProcessResult) -> dict[str, float]:
     (event,) = result.get_asset_materialization_events()[:1]
     return {k: v.value for k, v in event.materialization.metadata.items()}
 
 
 def run_dbt(warehouse_url: str, *args: str, succeeds: bool = True) -> str:
-    """Run dbt on the project against the test database, as an analyst would; its output.
-    It must exit 0, or with `succeeds=False` must fail."""
+    """Run dbt on the project against the test database's production schemas (target prod),
+    as an operator would; its output. It must exit 0, or with `succeeds=False` must fail."""
     env = {**os.environ, **dbt_connection_env(warehouse_url), "DO_NOT_TRACK": "1"}
     command = [
         DBT_EXECUTABLE,
         *args,
+        "--target",
+        "prod",
         "--profiles-dir",
         str(DBT_PROJECT_DIR),
         "--project-dir",

@@ -344,3 +344,34 @@ def test_with_recreation_off_a_removed_list_fails_until_reset(
     result = push(instance, url, sandbox, tenant_id)
     assert result.success and outcome(result)["added"] == 117
     assert sandbox.members(user_list(url, destination_id)) == expected_keys(tenant_id, range(130))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    ("platform", "method"),
+    [("google_data_manager", "IngestAudienceMembers"), ("google_ads", "MutateUserLists")],
+)
+def test_a_google_call_that_never_answers_fails_within_its_deadline(
+    instance, url, sandbox, platform, method
+) -> None:
+    tenant_id = f"g_silent_{platform.split('_')[-1]}"
+    setup(url, tenant_id, platform, range(300))
+    sandbox.inject(method, "never_answer", times=2)
+    sandbox.clear_requests()
+    resources = {
+        "warehouse": WarehouseResource(url=url),
+        "google": GoogleResource(
+            sandbox_address=sandbox.address, attempts=2, retry_base_seconds=0.01, timeout_seconds=1
+        ),
+    }
+    started = time.monotonic()
+    result = push_activation(google_customer_match, instance, tenant_id, resources, {})
+    assert time.monotonic() - started < 30
+    assert not result.success
+    assert "DeadlineExceeded" in outcome(result)["reason"]
+    # The sandbox records a held call once its handler sees the client gone (it polls every
+    # 50 ms), which on a busy machine can be after the client's retry has ended too.
+    deadline = time.monotonic() + 10
+    while len(sandbox.requests(method)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert [call.code.name for call in sandbox.requests(method)] == ["DEADLINE_EXCEEDED"] * 2

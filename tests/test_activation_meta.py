@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import os
 import subprocess
@@ -755,3 +757,100 @@ def test_the_rows_of_a_killed_run_are_closed_by_the_next_run(
     assert "abandoned" in history.output and "age" in history.output.splitlines()[0]
     running = cdp_destinations(url, "history", "meta_killed_outside")
     assert "running for" in running.output and "2d" in running.output
+
+
+def meta_with(sandbox: MetaSandbox, **settings) -> MetaResource:
+    return MetaResource(graph_url=sandbox.graph_url, retry_base_seconds=0.01, **settings)
+
+
+@pytest.mark.timeout(120)
+def test_a_graph_call_that_never_answers_fails_within_its_deadline(instance, url, sandbox) -> None:
+    """The usersreplace that never answers fails its sync once its deadline has passed on each
+    attempt (long before the per-read timeout), and the history row says so (it no longer stays
+    `running`)."""
+    setup(url, "meta_silent", 150, range(150))
+    assert push(instance, url, sandbox, "meta_silent").success
+    sandbox.inject("never_answer", times=2, path_contains="/usersreplace")
+    resources = {
+        "warehouse": WarehouseResource(url=url),
+        "meta": meta_with(sandbox, attempts=2, timeout_seconds=60, deadline_seconds=1.5),
+    }
+    started = time.monotonic()
+    result = push_activation(
+        meta_custom_audiences,
+        instance,
+        "meta_silent",
+        resources,
+        {"full_replace": True, "force": True},
+    )
+    assert time.monotonic() - started < 30
+    assert not result.success
+    with psycopg.connect(url) as conn:
+        history = runs(conn, "meta_silent_meta")[-1]
+    assert history["status"] == "failed"
+    assert "no complete answer within 1.5 s" in history["reason"], history["reason"]
+
+
+def test_with_the_app_secret_every_call_carries_its_proof(
+    instance, url, sandbox, monkeypatch
+) -> None:
+    """An app with "Require App Secret" refuses calls without `appsecret_proof`: a destination
+    given the secret's reference signs every call and goes through."""
+    secret = "meta-app-secret-for-proofs"
+    monkeypatch.setenv("META_TEST_APP_SECRET", secret)
+    with MetaSandbox({TOKEN: [ACCOUNT]}, app_secret=secret) as strict:
+        setup(url, "meta_unsigned", 150, range(150))
+        refused = push(instance, url, strict, "meta_unsigned")
+        assert not refused.success
+        assert "require an appsecret_proof" in outcome(refused)["reason"]
+
+        signed = setup(url, "meta_signed", 150, range(150))
+        with psycopg.connect(url) as conn:
+            register_destination(
+                conn,
+                Destination(
+                    signed.destination_id,
+                    "meta_signed",
+                    "meta",
+                    ACCOUNT,
+                    credential_refs={
+                        "access_token": TOKEN_REF,
+                        "app_secret": "META_TEST_APP_SECRET",
+                    },
+                ),
+            )
+        strict.clear_requests()
+        assert push(instance, url, strict, "meta_signed").success
+        assert member_keys(strict, "meta_signed") == matchable("meta_signed", range(150))
+        proof = hmac.new(secret.encode(), TOKEN.encode(), hashlib.sha256).hexdigest()
+        proofs = {r.query.get("appsecret_proof") for r in strict.requests()}
+        assert proofs == {proof}
+
+
+def test_a_token_quoted_by_a_graph_error_is_masked_wherever_it_is_written(
+    instance, url, sandbox, monkeypatch
+) -> None:
+    """Graph quotes a token it cannot parse. Masked in the history, the run's failure and its
+    event log, even when its variable's name does not say it holds a secret."""
+    setup(url, "meta_echo", 150, range(150))
+    monkeypatch.setenv("META_ECHO_ACCESS", TOKEN)
+    with psycopg.connect(url) as conn:
+        register_destination(
+            conn,
+            Destination(
+                "meta_echo_meta",
+                "meta_echo",
+                "meta",
+                ACCOUNT,
+                credential_refs={"access_token": "META_ECHO_ACCESS"},
+            ),
+        )
+    sandbox.inject("token_echo", path_contains="/customaudiences")
+    result = push(instance, url, sandbox, "meta_echo")
+    assert not result.success
+    with psycopg.connect(url) as conn:
+        (history,) = runs(conn, "meta_echo_meta")
+    assert "Malformed access token ***" in history["reason"]
+    written = [history["reason"], *(e.user_message for e in instance.all_logs(result.run_id))]
+    written += [str(e.step_failure_data.error) for e in result.all_events if e.is_step_failure]
+    assert not [text for text in written if TOKEN in text]

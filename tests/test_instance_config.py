@@ -37,3 +37,26 @@ def test_instance_config_loads_with_its_limits(name, warehouse_url, tmp_path, mo
         )
         assert instance.run_monitoring_enabled
         assert instance.run_monitoring_settings["free_slots_after_run_end_seconds"] == 60
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_a_run_is_bounded_in_time_and_cancelled_quickly(name, warehouse_url, tmp_path, monkeypatch):
+    """Runs without a bound of their own end after the instance's; a cancelled run is marked
+    so within minutes (its steps stop within seconds)."""
+    source, url_env = CONFIGS[name]
+    with source.open("rb") as config, open(tmp_path / "dagster.yaml", "wb") as copy:
+        shutil.copyfileobj(config, copy)
+    monkeypatch.setenv(url_env, sqlalchemy_url(warehouse_url))
+    with dg.DagsterInstance.from_config(str(tmp_path)) as instance:
+        assert 0 < instance.run_monitoring_max_runtime_seconds <= 12 * 3600
+        assert 0 < instance.run_monitoring_settings["cancel_timeout_seconds"] <= 300
+
+
+def test_every_job_carries_its_run_bound():
+    """The tag holds whatever the instance (Dagster's Helm chart has no max runtime value)."""
+    from cdp_assets.definitions import defs
+    from cdp_assets.lib.run_bounds import MAX_RUNTIME_TAG
+
+    jobs = [job.name for job in defs.jobs]
+    bounds = {name: defs.resolve_job_def(name).tags.get(MAX_RUNTIME_TAG) for name in jobs}
+    assert jobs and all(bound and 0 < int(bound) <= 12 * 3600 for bound in bounds.values()), bounds

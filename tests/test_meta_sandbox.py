@@ -7,6 +7,7 @@ between tests, while faults and recorded requests are reset around every test.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import threading
 import time
 from collections.abc import Iterator
@@ -324,7 +325,50 @@ ERROR_FAULTS = {
 
 
 def test_every_fault_kind_is_covered() -> None:
-    assert set(META_FAULT_KINDS) == {*ERROR_FAULTS, "bad_gateway_html"}
+    assert set(META_FAULT_KINDS) == {
+        *ERROR_FAULTS,
+        "bad_gateway_html",
+        "token_echo",
+        "never_answer",
+    }
+
+
+def test_a_token_graph_cannot_parse_is_quoted_in_its_error(
+    sandbox: MetaSandbox, audience: CustomAudience
+) -> None:
+    sandbox.inject("token_echo")
+    error = graph_error(lambda: add(audience, people(0, 2)))
+    assert error.api_error_code() == 190
+    assert error.api_error_message() == f"Malformed access token {TOKEN}"
+
+
+@pytest.mark.timeout(30)
+def test_a_request_never_answered_is_held_until_the_client_gives_up(
+    sandbox: MetaSandbox, audience: CustomAudience
+) -> None:
+    sandbox.inject("never_answer")
+    url = f"{sandbox.graph_url}/v26.0/{audience['id']}/users"
+    started = time.monotonic()
+    with pytest.raises(requests.ReadTimeout):
+        requests.post(url, data={"access_token": TOKEN}, timeout=(5, 1))
+    assert 1 <= time.monotonic() - started < 5
+    assert sandbox.requests("/users")[-1].fault == "never_answer"
+    assert len(sandbox.members(audience["id"])) == 0
+
+
+def test_an_app_requiring_its_secret_refuses_calls_without_a_valid_proof() -> None:
+    secret = "app-secret-of-the-sandbox"
+    with MetaSandbox({TOKEN: [ACCOUNT]}, app_secret=secret) as strict:
+        url = f"{strict.graph_url}/v26.0/{ACCOUNT}/customaudiences"
+        proof = hmac.new(secret.encode(), TOKEN.encode(), hashlib.sha256).hexdigest()
+        for sent, expected in (
+            ({}, "API calls from the server require an appsecret_proof argument"),
+            ({"appsecret_proof": sha("wrong")}, "Invalid appsecret_proof provided in the API"),
+        ):
+            body = requests.get(url, params={"access_token": TOKEN, **sent}, timeout=10).json()
+            assert body["error"]["code"] == 100 and expected in body["error"]["message"]
+        params = {"access_token": TOKEN, "appsecret_proof": proof, "fields": "id"}
+        assert requests.get(url, params=params, timeout=10).json() == {"data": []}
 
 
 @pytest.mark.parametrize("kind", sorted(ERROR_FAULTS))

@@ -9,7 +9,7 @@ import socket
 import threading
 import uuid
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import dagster as dg
@@ -20,6 +20,7 @@ from support import daemon_alive
 
 from cdp_assets.cli import main
 from cdp_assets.lib.redaction import redact
+from cdp_assets.lib.sync_state import OrderMonth, record_order_month
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.ops.alerts import UI_URL_ENV, WEBHOOK_ENV, alert_payload, post_alert
 from cdp_assets.ops.freshness import FRESHNESS
@@ -327,6 +328,39 @@ def test_status_follows_materializations_and_failures(instance, conn, warehouse_
     recovered = status()["vtex_skus"]
     assert recovered.state == "ok" and recovered.failed_run_id is None
     assert recovered.last_error.run_id == failed.dagster_run.run_id  # still the last error
+
+
+def test_status_shows_orders_degraded_while_any_month_misses_orders(instance, conn, tenant):
+    """Judged by the warehouse, not by the latest month: an unread order or a failed month
+    further back keeps the tenant's orders degraded; months VTEX no longer serves are named."""
+    watched = {"vtex_orders": (dg.AssetKey("vtex_orders"),)}
+
+    def orders() -> tuple:
+        found = collect_status(instance, conn, tenant_ids=[tenant], watched=watched, instigators=[])
+        (asset,) = found.assets
+        return asset, render_text(found), status_json(found)
+
+    _materialized(instance, "vtex_orders", f"2026-11-01|{tenant}")
+    conn.execute(
+        "INSERT INTO raw_vtex.unreadable_orders (tenant_id, order_id, month, error)"
+        " VALUES (%s, '1-01', '2026-03-01', 'GET ... failed (last: HTTP 503)')",
+        (tenant,),
+    )
+    record_order_month(conn, tenant, date(2026, 4, 1), OrderMonth("failed"), "run-1")
+    record_order_month(conn, tenant, date(2024, 1, 1), OrderMonth("unavailable"), "run-1")
+    conn.commit()
+    asset, text, as_json = orders()
+    assert asset.state == "degraded" and not asset.ok
+    assert f"{tenant} vtex_orders: degraded: 1 order unread in 2026-03; 2026-04 failed" in text
+    assert "1 order month (2024-01) unavailable from VTEX" in text
+    (problem,) = [p for p in as_json["problems"] if p["tenant_id"] == tenant]
+    assert problem["subject"] == "vtex_orders" and "2026-03" in problem["detail"]
+
+    conn.execute("DELETE FROM raw_vtex.unreadable_orders WHERE tenant_id = %s", (tenant,))
+    record_order_month(conn, tenant, date(2026, 4, 1), OrderMonth("reconciled"), "run-2")
+    conn.commit()
+    asset, text, _ = orders()
+    assert asset.ok and asset.state == "ok" and "unavailable from VTEX" in text
 
 
 def test_status_counts_runs_in_progress(instance, conn, tenant):

@@ -1,4 +1,4 @@
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import orjson
 import pytest
@@ -124,3 +124,15 @@ def test_customers_need_an_id_and_updated_in():
         customer_row({"id": "c1", "email": "a@b.com"})
     key, stamp, payload = customer_row({"id": "c1", "updatedIn": "2024-01-01T00:00:00Z"})
     assert key == "c1" and stamp.year == 2024
+
+
+def test_a_change_stamp_far_in_the_future_is_refused():
+    """Stored, it would outrank every later version of the document."""
+    ahead = datetime.now(UTC) + timedelta(minutes=10)  # clocks differ a little
+    assert order_row({**GOOD, "lastChange": ahead.isoformat()}, b"{}")[1] == ahead
+    for doc, row in (
+        ({**GOOD, "lastChange": "9999-12-31T23:59:59.9999999+00:00"}, order_row),
+        ({"id": "c-1", "updatedIn": "2999-01-01T00:00:00Z"}, lambda d, _: customer_row(d)),
+    ):
+        with pytest.raises(InvalidRecord, match="in the future"):
+            row(doc, orjson.dumps(doc))

@@ -10,7 +10,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
-from datetime import UTC, date, datetime
+from datetime import UTC, date, datetime, timedelta
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -35,7 +35,10 @@ ORDERS_API = "orders-api.json"
 CATALOG_API = "catalog-api.json"
 MASTERDATA_API = "masterdata-v1-api.json"
 
-# "acme" is never mutated, so it stays equal to an in-process Store built from the same spec.
+# "acme" is never mutated, so it stays equal to an in-process Store built from the same spec. Its
+# orders lie within the two years VTEX serves (a window relative to today).
+TODAY = datetime.combine(datetime.now(UTC).date(), datetime.min.time(), UTC)
+ACME_BUSY_DAY = (TODAY - timedelta(days=400)).date()
 ACME = StoreSpec(
     "acme",
     seed=3,
@@ -43,12 +46,15 @@ ACME = StoreSpec(
     customers=900,
     products=120,
     malformed_orders=8,
-    busy_day=date(2024, 3, 15),
+    history_start=(TODAY - timedelta(days=600)).date(),
+    history_end=TODAY,
+    busy_day=ACME_BUSY_DAY,
     busy_day_orders=3200,
 )
 BETA = StoreSpec("beta", seed=2, orders=300, customers=60, products=30)
 GAMMA = StoreSpec("gamma", seed=5, orders=600, customers=150, products=40)  # mutation tests
-BUSY_DAY = "creationDate:[2024-03-15T00:00:00.000Z TO 2024-03-16T00:00:00.000Z]"
+AFTER_BUSY_DAY = ACME_BUSY_DAY + timedelta(days=1)
+BUSY_DAY = f"creationDate:[{ACME_BUSY_DAY}T00:00:00.000Z TO {AFTER_BUSY_DAY}T00:00:00.000Z]"
 VTEX_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{7}\+00:00")
 
 
@@ -388,6 +394,35 @@ def test_malformed_orders_are_served_broken_with_status_200(
             assert isinstance(document["value"], str) and not document["value"].isdigit()
         else:
             assert "orderId" not in document
+
+
+def test_order_routes_serve_the_orders_of_the_last_two_years_only(sandbox: SandboxProcess) -> None:
+    """VTEX's List orders and Get order: "You can only access information from orders created
+    in the last two years". The export (the truth) keeps every order."""
+    session, api = vtex_session("beta"), sandbox.account_url("beta") + "/api"
+    now = datetime.now(UTC)
+    try:
+        served_from = now.replace(year=now.year - 2)
+    except ValueError:  # 29 February
+        served_from = now.replace(year=now.year - 2, day=28)
+    created = {
+        row["key"]: datetime.fromisoformat(row["doc"]["creationDate"])
+        for row in sandbox.export("beta", "orders")
+        if not row["malformed"]
+    }
+    older = sorted((at, key) for key, at in created.items() if at < served_from)
+    recent = sorted((at, key) for key, at in created.items() if at >= served_from)
+    assert older and recent  # the store reaches further back than two years
+
+    everything = "creationDate:[2019-01-01T00:00:00.000Z TO 2030-01-01T00:00:00.000Z]"
+    listed = session.get(
+        api + "/oms/pvt/orders",
+        params={"f_creationDate": everything, "per_page": 100, "orderBy": "creationDate,asc"},
+    ).json()
+    assert listed["paging"]["total"] == len(recent)
+    assert listed["list"][0]["orderId"] == recent[0][1]
+    assert session.get(f"{api}/oms/pvt/orders/{older[-1][1]}").status_code == 404
+    assert session.get(f"{api}/oms/pvt/orders/{recent[0][1]}").status_code == 200
 
 
 def test_authentication_and_unknown_account(sandbox: SandboxProcess) -> None:
@@ -945,6 +980,156 @@ def test_duplicate_pages_and_feed_events(
     event_ids = [event["eventId"] for event in events]
     assert len(event_ids) > len(set(event_ids))
     feed_session.delete(beta + "/config")
+
+
+def test_a_scroll_token_moves_on_whether_or_not_its_answer_arrived_and_expires(
+    faults: SandboxProcess, acme: tuple[requests.Session, str], acme_store: Store
+) -> None:
+    session, api = acme
+    url = api + "/dataentities/CL/scroll"
+    ids = acme_store.customer_ids()
+    by_update = [ids[row] for row in np.argsort(acme_store.buyers.updated, kind="stable")]
+    params = {"_size": 200, "_fields": "id", "_sort": "updatedIn ASC"}
+    first = session.get(url, params=params)
+    token = first.headers["X-VTEX-MD-TOKEN"]
+    assert [document["id"] for document in first.json()] == by_update[:200]
+    faults.set_faults({"rate_reset": 1.0, "routes": ["masterdata"]})
+    with pytest.raises((requests.ConnectionError, requests.exceptions.ChunkedEncodingError)):
+        session.get(url, params={"_token": token})  # the second page, lost on the way
+    faults.clear_faults()
+    third = session.get(url, params={"_token": token}).json()
+    assert [document["id"] for document in third] == by_update[400:600]
+
+    # Expired as after 20 idle minutes: the third request with a token fails.
+    faults.set_faults({"expire_scroll_after_pages": 2})
+    response = session.get(url, params=params)
+    token = response.headers["X-VTEX-MD-TOKEN"]
+    assert len(session.get(url, params={"_token": token}).json()) == 200
+    expired = session.get(url, params={"_token": token})
+    assert expired.status_code == 400 and "expired" in expired.text
+
+
+def test_endless_listings_never_reach_their_end(
+    faults: SandboxProcess, acme: tuple[requests.Session, str], acme_store: Store
+) -> None:
+    session, api = acme
+    skus = acme_store.sku_ids()
+    last_page = -(-len(skus) // 100)
+    faults.set_faults({"endless_listings": True})
+    sku_url = api + "/catalog_system/pvt/sku/stockkeepingunitids"
+    past_end = session.get(sku_url, params={"page": last_page + 5, "pagesize": 100}).json()
+    assert past_end == skus[(last_page - 1) * 100 :]
+
+    products = len(acme_store.product_ids())
+    window = session.get(
+        api + "/catalog_system/pvt/products/GetProductAndSkuIds",
+        params={"_from": products + 1, "_to": products + 50},
+    ).json()
+    assert window["data"] == {} and window["range"]["total"] > products + 50
+
+    url = api + "/dataentities/CL/scroll"
+    response = session.get(url, params={"_size": 500, "_fields": "id"})
+    token = response.headers["X-VTEX-MD-TOKEN"]
+    sizes = [len(response.json())]
+    for _ in range(3):
+        sizes.append(len(session.get(url, params={"_token": token}).json()))
+    assert sizes == [500, 400, 500, 400]  # 900 customers, and again from the start
+
+
+def test_malformed_envelopes(faults: SandboxProcess, acme: tuple[requests.Session, str]) -> None:
+    session, api = acme
+    faults.set_faults(
+        {
+            "malformed_envelopes": {
+                "scroll_documents": "no_token_header",
+                "sku_ids": "wrong_type",
+                "product_and_sku_ids": "empty_body",
+            }
+        }
+    )
+    scroll = session.get(api + "/dataentities/CL/scroll", params={"_size": 10})
+    assert len(scroll.json()) == 10 and "X-VTEX-MD-TOKEN" not in scroll.headers
+    skus = session.get(
+        api + "/catalog_system/pvt/sku/stockkeepingunitids", params={"page": 1, "pagesize": 5}
+    )
+    assert skus.status_code == 200 and len(skus.json()["items"]) == 5
+    products = session.get(
+        api + "/catalog_system/pvt/products/GetProductAndSkuIds", params={"_from": 1, "_to": 5}
+    )
+    assert products.status_code == 200 and products.content == b""
+    assert faults.stats()["accounts"]["acme"]["faults"]["malformed_envelope"] >= 3
+    with pytest.raises(requests.HTTPError):
+        faults.set_faults({"malformed_envelopes": {"sku_ids": "garbled"}})
+
+
+def test_broken_feed_deliveries_and_orders_whose_get_fails(
+    faults: SandboxProcess, acme: tuple[requests.Session, str], acme_store: Store
+) -> None:
+    session = vtex_session("beta")
+    feed = faults.account_url("beta") + "/api/orders/feed"
+    session.post(feed + "/config", json={"queue": {"visibilityTimeoutInSeconds": 60}})
+    faults.mutate("beta", seed=11, changed=4, new=0, at=datetime(2026, 12, 3, tzinfo=UTC))
+    defects = ["no_handle", "null_order_id", "integer_order_id", "not_an_object"]
+    faults.set_faults({"feed_event_defects": defects})
+    lot = session.get(feed, params={"maxlot": 10}).json()
+    session.delete(feed + "/config")
+    intact = [event for event in lot if isinstance(event, dict) and "handle" in event]
+    assert len(lot) == 8 and len(intact) == 6
+    assert [event for event in lot if isinstance(event, str)] != []
+    assert [event for event in lot if isinstance(event, dict) and "handle" not in event] != []
+    order_ids = [event["orderId"] for event in intact]
+    assert None in order_ids and any(isinstance(order_id, int) for order_id in order_ids)
+
+    acme_session, api = acme
+    missing, failing, garbled = acme_store.order_ids()[:3]
+    faults.set_faults({"failing_orders": {missing: "404", failing: "5xx", garbled: "unparseable"}})
+    assert acme_session.get(f"{api}/oms/pvt/orders/{missing}").status_code == 404
+    assert acme_session.get(f"{api}/oms/pvt/orders/{failing}").status_code == 503
+    unparseable = acme_session.get(f"{api}/oms/pvt/orders/{garbled}")
+    assert unparseable.status_code == 200
+    with pytest.raises(ValueError):
+        unparseable.json()
+
+
+def test_order_faults_answer_what_vtex_was_seen_answering(
+    faults: SandboxProcess, acme: tuple[requests.Session, str], acme_store: Store
+) -> None:
+    session, api = acme
+    poisoned, future, unlisted = [
+        o for o in acme_store.order_ids() if not acme_store.is_malformed(o)
+    ][:3]
+    product = str(acme_store.product_ids()[0])
+    faults.set_faults(
+        {
+            "poison_documents": [poisoned, product],
+            "future_stamp_orders": [future],
+            "unlisted_order_ids": [unlisted],
+            "list_total_excess": 5,
+        }
+    )
+    body = session.get(f"{api}/oms/pvt/orders/{poisoned}").content
+    assert b'"discount":1e-20000' in body and orjson.loads(body)["orderId"] == poisoned
+    assert b'"discount":1e-20000' in session.get(f"{api}/catalog/pvt/product/{product}").content
+    stamped = session.get(f"{api}/oms/pvt/orders/{future}").json()
+    assert stamped["lastChange"].startswith("9999-12-31")
+
+    window = {"f_creationDate": f"creationDate:[{ACME.history_start}T00:00:00.000Z TO *]"}
+    params = {**window, "per_page": 100, "orderBy": "creationDate,asc"}
+    listed = session.get(api + "/oms/pvt/orders", params=params).json()
+    entries = listed["list"]
+    assert [entry for entry in entries if "orderId" not in entry]  # the unlisted one
+    assert unlisted not in {entry.get("orderId") for entry in entries}
+    assert listed["paging"]["total"] == len(acme_store.orders) + 5
+
+    faults.set_faults({"list_answer": "empty_page"})
+    empty = session.get(api + "/oms/pvt/orders", params=params).json()
+    assert empty["list"] == [] and empty["paging"]["total"] == 0
+    assert len(session.get(api + "/oms/pvt/orders", params=params).json()["list"]) == 100
+    faults.set_faults({"list_answer": "null_list", "list_answer_calls": 2})
+    answers = [session.get(api + "/oms/pvt/orders", params=params).json() for _ in range(3)]
+    assert [answer["list"] is None for answer in answers] == [True, True, False]
+    with pytest.raises(requests.HTTPError):
+        faults.set_faults({"list_answer": "garbled"})
 
 
 def test_faults_never_change_the_truth(faults: SandboxProcess, acme_store: Store) -> None:

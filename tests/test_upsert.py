@@ -110,3 +110,35 @@ def test_landed_documents_keep_the_raw_tables_compression(conn):
         " WHERE tenant_id = 'upsert_lz4' AND order_id = 'big-01'"
     ).fetchone()
     assert compression == ("lz4" if lz4_available else "pglz")
+
+
+def test_rows_the_warehouse_refuses_are_quarantined_alone_and_the_batch_lands(conn):
+    """A number jsonb cannot hold fails the COPY of the whole batch: the batch is landed again
+    in halves until each refused row is alone, and those are quarantined with the reason."""
+    tenant = "upsert_poison"
+    rows = [order(f"p-{i}", T0, "handling") for i in range(BATCH_SIZE)]
+    for position in (7, 1234):
+        key, stamp, created, summary, _ = rows[position]
+        rows[position] = (key, stamp, created, summary, '{"discount": 1e-20000}')
+    landing = Landing()
+    land(conn, ORDERS, tenant, rows, "run-poison", landing)
+    assert (landing.counts.inserted, landing.rejected) == (BATCH_SIZE - 2, 2)
+    assert len(stored(conn, tenant)) == BATCH_SIZE - 2
+    rejects = conn.execute(
+        "SELECT natural_key, reason, raw_text FROM raw_vtex.rejects WHERE tenant_id = %s"
+        " ORDER BY natural_key",
+        (tenant,),
+    ).fetchall()
+    assert [key for key, _, _ in rejects] == ["p-1234", "p-7"]
+    assert all("numeric" in reason and "1e-20000" in raw for _, reason, raw in rejects)
+
+
+def test_a_full_refresh_replaces_a_row_whatever_its_stamp(conn):
+    tenant = "upsert_replace"
+    future = datetime(9999, 12, 31, tzinfo=UTC)
+    upsert_documents(conn, ORDERS, tenant, [order("f-01", future, "frozen")])
+    corrected = [order("f-01", T0, "invoiced")]
+    kept = upsert_documents(conn, ORDERS, tenant, corrected)
+    assert kept.updated == 0 and stored(conn, tenant) == {"f-01": "frozen"}
+    replaced = upsert_documents(conn, ORDERS, tenant, corrected, replace=True)
+    assert replaced.updated == 1 and stored(conn, tenant) == {"f-01": "invoiced"}

@@ -6,6 +6,7 @@ import time
 from datetime import UTC, date, datetime, timedelta
 
 import dagster as dg
+import orjson
 import psycopg
 import pytest
 from click.testing import CliRunner
@@ -15,9 +16,11 @@ from cdp_assets.cli import main
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.partitions import tenants
 from cdp_assets.sandbox import SandboxProcess, StoreSpec
+from cdp_assets.sandbox.faults import FEED_EVENT_DEFECTS
 from cdp_assets.tenants.registry import Tenant
-from cdp_assets.vtex.client import VtexClient
+from cdp_assets.vtex.client import VtexClient, VtexError
 from cdp_assets.vtex.feed import (
+    FEED_READ_ATTEMPTS,
     FeedError,
     FeedSettings,
     FeedState,
@@ -42,6 +45,12 @@ ACCOUNTS = (
     "feedgone",
     "senseon",
     "senseoff",
+    "feedbroken",
+    "feedmissing",
+    "feedfail404",
+    "feedfail5xx",
+    "feedfailbody",
+    "feedobject",
 )
 
 
@@ -274,6 +283,122 @@ def test_a_feed_vtex_deleted_is_recreated_and_a_feed_turned_off_is_not_drained(c
     assert turn_feed_off(conn, client, "t_feed_gone")
     with pytest.raises(FeedError, match="is off"):
         drain_feed(conn, client, "t_feed_gone", "test-run")
+
+
+def test_malformed_events_are_quarantined_and_committed_and_the_rest_lands(conn, sandbox):
+    tenant = register(conn, "t_feed_broken", "feedbroken")
+    client = enable_feed(conn, sandbox, tenant, visibility_timeout_seconds=1)
+    order_ids = change_orders(sandbox, "feedbroken", changed=6, new=0)
+    sandbox.set_faults({"feed_event_defects": list(FEED_EVENT_DEFECTS)})
+    try:
+        result = drain_feed(conn, client, "t_feed_broken", "test-run")
+    finally:
+        sandbox.clear_faults()
+
+    assert result.malformed_events == len(FEED_EVENT_DEFECTS) == 4
+    assert result.events == 6 + 4 and result.handles_committed == 6 + 2  # two had no handle
+    quarantined = conn.execute(
+        "SELECT reason, raw_text FROM raw_vtex.rejects"
+        " WHERE tenant_id = 't_feed_broken' AND entity = 'orders_feed' ORDER BY reason"
+    ).fetchall()
+    assert [reason.split(" (")[0] for reason, _ in quarantined] == [
+        "feed event has no handle",
+        "feed event has no usable orderId",
+        "feed event has no usable orderId",
+        "feed event is not a JSON object",
+    ]
+    assert all(orjson.loads(raw) is not None for _, raw in quarantined)  # the text as delivered
+    assert statuses(conn, "t_feed_broken", order_ids) == truth_statuses(
+        sandbox, "feedbroken", order_ids
+    )
+    time.sleep(1.1)  # nothing comes back once the visibility timeout is over
+    assert client.read_feed() == [] and client.feed_config()["quantity"] == 0
+
+
+def reread_rows(conn: psycopg.Connection, tenant_id: str) -> dict[str, tuple[int, str]]:
+    rows = conn.execute(
+        "SELECT order_id, attempts, last_error FROM raw_vtex.orders_to_reread WHERE tenant_id = %s",
+        (tenant_id,),
+    )
+    return {order_id: (attempts, error) for order_id, attempts, error in rows}
+
+
+@pytest.mark.timeout(120)
+def test_an_order_that_cannot_be_read_is_retried_then_reread_by_id_until_it_lands(conn, sandbox):
+    """Its events come back until the last attempt, then the drains re-read it by id: the
+    change lands once VTEX serves the order again, though the List sync re-reads only recent
+    orders."""
+    tenant = register(conn, "t_feed_missing", "feedmissing")
+    client = enable_feed(conn, sandbox, tenant, visibility_timeout_seconds=1)
+    everything = (datetime(2025, 1, 1, tzinfo=UTC), datetime.now(UTC))
+    sync_orders(client, conn, "t_feed_missing", *everything, "baseline", Landing())
+    conn.commit()
+    order_ids = change_orders(sandbox, "feedmissing", changed=5, new=0)
+    missing, others = order_ids[0], order_ids[1:]
+    truth = truth_statuses(sandbox, "feedmissing", order_ids)
+    sandbox.set_faults({"failing_orders": {missing: "404"}})
+    try:
+        first = drain_feed(conn, client, "t_feed_missing", "test-run")
+        assert client.feed_config()["quantity"] == 1  # its event waits to be delivered again
+        assert first.orders_unreadable == 1 and first.handles_committed == 4
+        drains = 1
+        while client.feed_config()["quantity"] and drains < FEED_READ_ATTEMPTS:
+            time.sleep(1.1)
+            drain_feed(conn, client, "t_feed_missing", "test-run")
+            drains += 1
+        assert client.feed_config()["quantity"] == 0  # committed after the last attempt
+        attempts, error = reread_rows(conn, "t_feed_missing")[missing]
+        assert attempts >= FEED_READ_ATTEMPTS and "404" in error
+        assert statuses(conn, "t_feed_missing", [missing])[missing] != truth[missing]
+    finally:
+        sandbox.clear_faults()
+
+    later = drain_feed(conn, client, "t_feed_missing", "test-run")
+    assert later.orders_reread == 1 and later.landing.counts.updated == 1
+    assert statuses(conn, "t_feed_missing", order_ids) == truth
+    assert reread_rows(conn, "t_feed_missing") == {}
+    assert statuses(conn, "t_feed_missing", others) == truth_statuses(
+        sandbox, "feedmissing", others
+    )
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("failure", ["404", "5xx", "unparseable"])
+def test_an_order_that_cannot_be_read_holds_back_only_its_own_events(conn, sandbox, failure):
+    account = {"404": "feedfail404", "5xx": "feedfail5xx", "unparseable": "feedfailbody"}[failure]
+    tenant_id = f"t_{account}"
+    tenant = register(conn, tenant_id, account)
+    client = enable_feed(conn, sandbox, tenant, visibility_timeout_seconds=60)
+    client.max_retries = 1
+    order_ids = change_orders(sandbox, account, changed=6, new=0)
+    failing = order_ids[2]
+    readable = [order_id for order_id in order_ids if order_id != failing]
+    sandbox.set_faults({"failing_orders": {failing: failure}})
+    try:
+        result = drain_feed(conn, client, tenant_id, "test-run")
+    finally:
+        sandbox.clear_faults()
+    assert client.feed_config()["quantity"] == 1  # hidden for the visibility timeout
+    assert statuses(conn, tenant_id, readable) == truth_statuses(sandbox, account, readable)
+    assert failing not in statuses(conn, tenant_id, [failing])
+    assert result.orders_unreadable == 1 and result.handles_committed == 5
+    assert list(reread_rows(conn, tenant_id)) == [failing]
+
+
+def test_a_feed_read_that_is_not_a_list_is_a_clear_error(conn, sandbox):
+    tenant = register(conn, "t_feed_object", "feedobject")
+    client = enable_feed(conn, sandbox, tenant)
+    change_orders(sandbox, "feedobject", changed=3, new=0)
+    sandbox.set_faults({"malformed_envelopes": {"read_feed": "wrong_type"}})
+    try:
+        with pytest.raises(VtexError) as raised:
+            drain_feed(conn, client, "t_feed_object", "test-run")
+    finally:
+        sandbox.clear_faults()
+    assert str(raised.value) == (
+        "tenant 't_feed_object': VTEX account 'feedobject': GET /api/orders/feed answered"
+        " a JSON object, not a JSON list"
+    )
 
 
 def feed(tenant_id: str, priority: int, drained_ago: timedelta | None, events: int | None):

@@ -9,11 +9,14 @@ import dagster as dg
 import orjson
 import psycopg
 import pytest
+from click.testing import CliRunner
 from support import TABLES, metadata, register, sync, vtex_for
 
+from cdp_assets.cli import main
 from cdp_assets.ops.metrics import collect_history
 from cdp_assets.partitions import order_months
 from cdp_assets.sandbox import SandboxProcess, StoreSpec, credentials_for
+from cdp_assets.tenants.registry import vtex_orders_available_from
 from cdp_assets.vtex.assets import MONTH_FIGURES
 from cdp_assets.vtex.client import CUSTOMER_FIELDS
 
@@ -327,3 +330,26 @@ def test_each_month_of_a_range_run_records_its_own_counts(conn, instance, sandbo
     assert len(of_the_run) == 1
     ((requests, _, in_run),) = of_the_run
     assert requests > sum(expected.values()) and in_run == 3
+
+
+def test_a_tenant_added_without_a_history_start_starts_where_vtex_serves_orders(conn):
+    """VTEX serves the orders of the last two years: older ones are imported from files."""
+    added = CliRunner().invoke(
+        main,
+        [
+            *("tenants", "add", "t_default_start", "--account", "defaultstart"),
+            *("--app-key-ref", "DEFAULT_START_KEY", "--app-token-ref", "DEFAULT_START_TOKEN"),
+        ],
+    )
+    assert added.exit_code == 0, added.output
+    conn.execute(
+        "INSERT INTO cdp.tenants (tenant_id, account_name, app_key_ref, app_token_ref)"
+        " VALUES ('t_default_sql', 'defaultsql', 'DEFAULT_SQL_KEY', 'DEFAULT_SQL_TOKEN')"
+    )
+    starts = conn.execute(
+        "SELECT history_start FROM cdp.tenants"
+        " WHERE tenant_id IN ('t_default_start', 't_default_sql')"
+    ).fetchall()
+    expected = vtex_orders_available_from(datetime.now(UTC)).date()
+    assert starts == [(expected,), (expected,)]
+    assert timedelta(days=727) <= date.today() - expected <= timedelta(days=730)

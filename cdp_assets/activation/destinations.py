@@ -6,7 +6,6 @@ needs them, so a secret never sits in a table, a log line or Dagster metadata.
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -15,11 +14,14 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
+from cdp_assets.lib.credentials import CredentialError, read_credential
 from cdp_assets.tenants.registry import ENV_REF, SLUG
 
 PLATFORMS = ("meta", "google_data_manager", "google_ads", "vtex_collections")
 CONSENT = ("GRANTED", "DENIED", "UNSPECIFIED")
-# Roles each platform needs; values are environment variable names.
+# Roles each platform needs; values are environment variable names. Meta also takes
+# `app_secret`: given, every call carries `appsecret_proof`, which an app with "Require App
+# Secret" on demands.
 CREDENTIAL_ROLES: dict[str, tuple[str, ...]] = {
     "meta": ("access_token",),
     "google_data_manager": (),  # service credentials: GOOGLE_APPLICATION_CREDENTIALS / ADC
@@ -89,17 +91,15 @@ class Destination:
             )
 
     def credential(self, role: str) -> str:
-        """The secret for a role, read from the environment at the moment it is needed."""
+        """The secret for a role, read from the environment at the moment it is needed; refused
+        naming its variable (never the value) when unset or unusable."""
         ref = self.credential_refs.get(role)
         if ref is None:
             raise DestinationError(f"destination {self.destination_id!r} has no {role!r} reference")
-        value = os.environ.get(ref)
-        if not value:
-            raise DestinationError(
-                f"destination {self.destination_id!r}: credential reference {ref} is not set"
-                " in the environment"
-            )
-        return value
+        try:
+            return read_credential(ref)
+        except CredentialError as error:
+            raise DestinationError(f"destination {self.destination_id!r}: {error}") from None
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ import psycopg
 from cdp_assets.activation.audiences import audience_signatures, audience_views
 from cdp_assets.analytics.schedules import FORTY_EIGHT_HOUR_CADENCE, on_48_hour_cadence
 from cdp_assets.google.assets import google_customer_match
+from cdp_assets.lib.run_bounds import run_bound
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.meta.assets import meta_custom_audiences
 from cdp_assets.partitions import tenants
@@ -34,6 +35,7 @@ activation_push = dg.define_asset_job(
     partitions_def=tenants,
     description="Every destination of the run's tenants (one, or a range): Meta, Google and VTEX"
     " collections.",
+    tags=run_bound("activation_push"),
 )
 
 

@@ -43,7 +43,7 @@ BATCH_SIZE = 10_000  # documented members per request
 MEMBERSHIP_DAYS = 540  # Customer Match maximum
 MEMBER_FIELD = re.compile(r"^audience_members\[(\d+)\]")
 RETRYABLE = (gexc.ServiceUnavailable, gexc.DeadlineExceeded, gexc.InternalServerError)
-CALL_TIMEOUT = 120.0
+CALL_TIMEOUT_SECONDS = 120.0  # every call's gRPC deadline
 
 
 @dataclass(frozen=True)
@@ -123,10 +123,12 @@ class DataManagerAudiences:
         *,
         attempts: int = 6,
         retry_base_seconds: float = 5.0,
+        call_timeout_seconds: float = CALL_TIMEOUT_SECONDS,
     ) -> None:
         self.destination = destination
         self.clients = clients
         self.attempts, self.retry_base_seconds = attempts, retry_base_seconds
+        self.call_timeout = call_timeout_seconds
         self.account = f"accountTypes/GOOGLE_ADS/accounts/{destination.account_id}"
         self.request_ids: list[str] = []
         # A user list of a managed account is reached through the manager the credentials
@@ -147,7 +149,10 @@ class DataManagerAudiences:
         try:
             return with_backoff(
                 lambda: fn(
-                    request=request, retry=None, timeout=CALL_TIMEOUT, metadata=self.metadata
+                    request=request,
+                    retry=None,
+                    timeout=self.call_timeout,
+                    metadata=self.metadata,
                 ),
                 retryable,
                 attempts=self.attempts,

@@ -66,6 +66,9 @@ BATCH_SIZE = 10_000
 ADS_VERSION = "v26"
 MEMBERSHIP_DAYS = 540
 JOB_TIMEOUT_SECONDS = 6 * 3600  # jobs can take hours on Google's side
+# Every call's gRPC deadline: the v26 transports default to none, and a server that accepts and
+# never answers would hold the step forever.
+CALL_TIMEOUT_SECONDS = 120.0
 RETRYABLE = (
     gexc.TooManyRequests,  # RESOURCE_EXHAUSTED: the library never converts it
     gexc.ServiceUnavailable,
@@ -180,19 +183,21 @@ class GoogleAdsAudiences:
         attempts: int = 6,
         retry_base_seconds: float = 5.0,
         job_timeout_seconds: float = JOB_TIMEOUT_SECONDS,
+        call_timeout_seconds: float = CALL_TIMEOUT_SECONDS,
     ) -> None:
         self.destination = destination
         self.services = services
         self.customer_id = destination.account_id
         self.attempts, self.retry_base_seconds = attempts, retry_base_seconds
         self.job_timeout = job_timeout_seconds
+        self.call_timeout = call_timeout_seconds
         self.last_match_rate_range: str | None = None
 
     def _call(self, fn: Any, *, audience: str | None = None, **kwargs: Any) -> Any:
         """``audience``: the user list the call is on, gone when Google says it is missing."""
         try:
             return with_backoff(
-                lambda: fn(**kwargs),
+                lambda: fn(**kwargs, timeout=self.call_timeout),
                 retryable,
                 attempts=self.attempts,
                 base_seconds=self.retry_base_seconds,

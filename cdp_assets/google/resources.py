@@ -21,9 +21,12 @@ if TYPE_CHECKING:
 
 
 class GoogleResource(dg.ConfigurableResource):
+    """`timeout_seconds`: every call's gRPC deadline (a Google Ads job's wait has its own)."""
+
     sandbox_address: str | None = None
     attempts: int = 6
     retry_base_seconds: float = 5.0
+    timeout_seconds: float = 120.0
 
     def _sandbox(self) -> str | None:
         return self.sandbox_address or os.environ.get("GOOGLE_SANDBOX_ADDRESS")
@@ -31,7 +34,11 @@ class GoogleResource(dg.ConfigurableResource):
     def audiences_for(self, destination: Destination) -> DataManagerAudiences | GoogleAdsAudiences:
         # Google's generated clients take a while to import (the Data Manager API's 0.1 s,
         # Google Ads' 0.8 s more): only the steps that push pay it, for their platform alone.
-        retry = {"attempts": self.attempts, "retry_base_seconds": self.retry_base_seconds}
+        settings = {
+            "attempts": self.attempts,
+            "retry_base_seconds": self.retry_base_seconds,
+            "call_timeout_seconds": self.timeout_seconds,
+        }
         if destination.platform == "google_ads":
             from cdp_assets.google.google_ads import GoogleAdsAudiences, google_ads_services
 
@@ -40,7 +47,7 @@ class GoogleResource(dg.ConfigurableResource):
                 destination.login_account_id,
                 self._sandbox(),
             )
-            return GoogleAdsAudiences(destination, services, **retry)
+            return GoogleAdsAudiences(destination, services, **settings)
         from cdp_assets.google.data_manager import DataManagerAudiences, data_manager_clients
 
-        return DataManagerAudiences(destination, data_manager_clients(self._sandbox()), **retry)
+        return DataManagerAudiences(destination, data_manager_clients(self._sandbox()), **settings)

@@ -12,20 +12,36 @@ Chosen by the environment of the code location (and so of the run workers it lau
 
 The executor config names the variables, not their values: a broker password never reaches
 the run config the UI shows, nor the event log.
+
+Cancelling a run interrupts its run worker (SIGINT from the code server, SIGTERM when Kubernetes
+deletes the run's pod); Dagster's multiprocess executor passes the request on to each step
+process, which raises an interrupt in the step's code. A step whose code does not return from a
+blocking call then (or ignores the interrupt) would outlive the run: the executor here kills the
+step processes still alive `STEP_STOP_GRACE_SECONDS` after the request.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Mapping
+import signal
+import threading
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
 
 import dagster as dg
+from dagster._core.executor.base import Executor
+from dagster._core.executor.multiprocess import MultiprocessExecutor
 from dagster_celery import celery_executor
+
+from cdp_assets.lib.outbound import seconds_from_env
 
 EXECUTOR_ENV = "CDP_EXECUTOR"
 BROKER_ENV = "CDP_CELERY_BROKER"
 BACKEND_ENV = "CDP_CELERY_BACKEND"
 MULTIPROCESS, CELERY = "multiprocess", "celery"
+STEP_STOP_GRACE_ENV = "CDP_STEP_STOP_GRACE_SECONDS"
+STEP_STOP_GRACE_SECONDS = 30.0
 
 
 class ExecutorConfigError(ValueError):
@@ -38,6 +54,74 @@ class ExecutorConfigError(ValueError):
 # imports, lib/preload.py) and forks every step from it. Run config can still choose `spawn`,
 # other options, or `in_process`.
 PRELOADED = "cdp_assets.lib.preload"
+
+
+def _kill(pids: Iterable[int]) -> None:
+    for pid in list(pids):
+        with contextlib.suppress(ProcessLookupError):  # it ended by itself
+            os.kill(pid, signal.SIGKILL)
+
+
+class StepStoppingExecutor(Executor):
+    """Dagster's multiprocess executor, killing the step processes that are still alive
+    `grace` seconds after the run was asked to stop."""
+
+    def __init__(self, inner: MultiprocessExecutor, grace: float) -> None:
+        self.inner, self.grace = inner, grace
+
+    @property
+    def retries(self) -> Any:
+        return self.inner.retries
+
+    @property
+    def step_dependency_config(self) -> Any:
+        return self.inner.step_dependency_config
+
+    def execute(self, plan_context: Any, execution_plan: Any) -> Iterator[dg.DagsterEvent]:
+        running: dict[str, int] = {}  # step key -> its process
+        reaper: threading.Timer | None = None
+        try:
+            for event in self.inner.execute(plan_context, execution_plan):
+                if event.event_type == dg.DagsterEventType.STEP_WORKER_STARTED and event.pid:
+                    running[event.step_key] = event.pid
+                elif event.event_type in _STEP_ENDED:
+                    running.pop(event.step_key, None)
+                elif reaper is None and _stop_requested(event):
+                    # The mapping stays live: a step starting meanwhile is killed too.
+                    reaper = threading.Timer(self.grace, _kill, [running.values()])
+                    reaper.daemon = True
+                    reaper.start()
+                yield event
+        finally:
+            if reaper is not None:
+                reaper.cancel()
+
+
+_STEP_ENDED = frozenset(
+    {
+        dg.DagsterEventType.STEP_SUCCESS,
+        dg.DagsterEventType.STEP_FAILURE,
+        dg.DagsterEventType.STEP_UP_FOR_RETRY,
+        dg.DagsterEventType.STEP_SKIPPED,
+    }
+)
+
+
+def _stop_requested(event: dg.DagsterEvent) -> bool:
+    """The engine event the multiprocess executor logs when it forwards a termination."""
+    data = event.event_specific_data
+    return event.is_engine_event and "steps_interrupted" in (getattr(data, "metadata", None) or {})
+
+
+def _multiprocess_or_in_process(init_context: dg.InitExecutorContext) -> Executor:
+    executor = dg.multi_or_in_process_executor.executor_creation_fn(init_context)
+    if not isinstance(executor, MultiprocessExecutor):
+        return executor
+    return StepStoppingExecutor(
+        executor, seconds_from_env(STEP_STOP_GRACE_ENV, STEP_STOP_GRACE_SECONDS)
+    )
+
+
 multiprocess_forkserver_executor = dg.ExecutorDefinition(
     name=dg.multi_or_in_process_executor.name,
     config_schema=dg.Field(
@@ -47,8 +131,9 @@ multiprocess_forkserver_executor = dg.ExecutorDefinition(
         },
     ),
     requirements=dg.multi_or_in_process_executor.get_requirements,
-    executor_creation_fn=dg.multi_or_in_process_executor.executor_creation_fn,
-    description="Dagster's default executor, forking steps from a preloaded forkserver.",
+    executor_creation_fn=_multiprocess_or_in_process,
+    description="Dagster's default executor, forking steps from a preloaded forkserver; a step"
+    " still running a while after its run was asked to stop is killed.",
 )
 
 

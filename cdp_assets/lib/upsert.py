@@ -2,6 +2,8 @@
 
 A row replaces the stored one only when its change stamp is not older and its payload
 differs, so re-runs, duplicated pages and out-of-order deliveries converge to one state.
+A batch Postgres refuses because of some rows' content is landed again in halves, each in a
+savepoint, until every refused row is alone: the rest lands, the refused rows are returned.
 """
 
 from __future__ import annotations
@@ -45,11 +47,35 @@ class UpsertCounts:
 # (key, change_stamp, *extra column values, payload as JSON text)
 Row = tuple[str, datetime, ...]
 
+# What a row's own content makes Postgres refuse (a number jsonb cannot hold, text it cannot
+# store, a constraint, a key too large for its index); anything else fails the batch.
+ROW_ERRORS = (
+    psycopg.errors.DataError,
+    psycopg.errors.IntegrityError,
+    psycopg.errors.ProgramLimitExceeded,
+)
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A row Postgres refused, with its reason."""
+
+    row: Row
+    reason: str
+
 
 def upsert_documents(
-    conn: psycopg.Connection, table: RawTable, tenant_id: str, rows: Sequence[Row]
+    conn: psycopg.Connection,
+    table: RawTable,
+    tenant_id: str,
+    rows: Sequence[Row],
+    *,
+    replace: bool = False,
 ) -> UpsertCounts:
-    """Land `rows` for one tenant in the caller's transaction; returns what changed."""
+    """Land `rows` for one tenant in the caller's transaction; returns what changed.
+
+    `replace` (a full refresh) lets a row replace the stored one whatever their stamps: what
+    VTEX answers now is the truth, even against a stored stamp from the future."""
     if not rows:
         return UpsertCounts()
     cols = table.columns
@@ -79,7 +105,7 @@ def upsert_documents(
             SELECT {cols}, now() FROM incoming
             ON CONFLICT (tenant_id, {key}) DO UPDATE
                SET {assignments}, synced_at = now()
-             WHERE excluded.change_stamp >= t.change_stamp
+             WHERE (excluded.change_stamp >= t.change_stamp OR {replace})
                AND excluded.payload IS DISTINCT FROM t.payload
             RETURNING (xmax = 0) AS inserted
         )
@@ -91,6 +117,7 @@ def upsert_documents(
         cols=col_list,
         incoming=incoming,
         target=table.qualified,
+        replace=sql.Literal(replace),
         assignments=sql.SQL(", ").join(
             sql.SQL("{c} = excluded.{c}").format(c=sql.Identifier(c)) for c in updatable
         ),
@@ -101,3 +128,36 @@ def upsert_documents(
     return UpsertCounts(
         inserted=inserted, updated=updated, unchanged=len(rows) - inserted - updated
     )
+
+
+def upsert_isolating(
+    conn: psycopg.Connection,
+    table: RawTable,
+    tenant_id: str,
+    rows: Sequence[Row],
+    *,
+    replace: bool = False,
+) -> tuple[UpsertCounts, list[Refused]]:
+    """`upsert_documents` of the rows Postgres accepts, in the caller's transaction: parts it
+    refuses are halved, each attempt in a savepoint, until each refused row is alone. For a
+    batch whose single upsert failed with a ROW_ERRORS error: k refused rows of n cost about
+    2k log2(n) attempts."""
+    counts = UpsertCounts()
+    refused: list[Refused] = []
+    parts = [rows]
+    while parts:
+        part = parts.pop()
+        conn.execute("SAVEPOINT isolating")
+        try:
+            counts.add(upsert_documents(conn, table, tenant_id, part, replace=replace))
+        except ROW_ERRORS as error:
+            conn.execute("ROLLBACK TO SAVEPOINT isolating")
+            if len(part) == 1:
+                diag = error.diag
+                reason = f"the warehouse refused it: {diag.message_primary} ({diag.sqlstate})"
+                refused.append(Refused(part[0], reason))
+            else:
+                middle = len(part) // 2
+                parts += [part[middle:], part[:middle]]
+        conn.execute("RELEASE SAVEPOINT isolating")
+    return counts, refused

@@ -5,7 +5,7 @@ import threading
 import dagster as dg
 import psycopg
 
-from cdp_assets.lib.database import database_url
+from cdp_assets.lib.database import connect, database_url
 from cdp_assets.lib.migrations import migrate
 
 _migrated: set[str] = set()
@@ -31,4 +31,5 @@ class WarehouseResource(dg.ConfigurableResource):
         return migrated_url(self.url)
 
     def connect(self) -> psycopg.Connection:
-        return psycopg.connect(self.url_migrated())
+        """A session bounded in time (lib/database.py): connect and statement timeouts."""
+        return connect(self.url_migrated())

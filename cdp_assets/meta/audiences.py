@@ -10,6 +10,11 @@ Rows are pre-hashed (``META_SCHEMA``, our own normalization) and sent with the S
   by ``MetaError`` holding only Meta's code, subcode and message;
 - a request that never got an answer raises ``requests``' error, whose text holds the URL
   and so the access token of a GET: it becomes a transient ``MetaError`` without the query;
+- every call ends within its deadline (``lib/outbound.py``: per read and as a whole), and
+  follows no redirect off Graph's origin; a ``MetaError``'s text is redacted (an error message
+  may quote the token);
+- with the app's secret, every call carries ``appsecret_proof`` (HMAC-SHA256 of the access
+  token keyed by the secret), which an app with "Require App Secret" on demands;
 - a call on an audience deleted in Ads Manager is Graph's error for a missing object (code
   100, subcode 33): it becomes ``AudienceGone``, which the sync answers by creating the
   audience again.
@@ -31,6 +36,8 @@ from facebook_business.session import FacebookSession
 from cdp_assets.activation.destinations import DestinationAudience
 from cdp_assets.activation.identifiers import META_SCHEMA
 from cdp_assets.activation.sync import AudienceGone, BatchResult, Row
+from cdp_assets.lib.outbound import BoundedSession, Deadlines, OutboundError
+from cdp_assets.lib.redaction import redact
 from cdp_assets.lib.retry import with_backoff
 
 BATCH_SIZE = 10_000  # Meta's documented maximum rows per /users request
@@ -42,6 +49,8 @@ RATE_LIMIT_CODES = frozenset({80003, 17, 613, 4, 32})
 # the token may no longer read, which then gets a new audience beside it.
 MISSING_OBJECT = (100, 33)
 QUERY_STRING = re.compile(r"\?[^\s'\"]*")  # of a URL quoted in an error: holds access_token
+# A 10,000-row batch takes Graph seconds to answer; minutes of silence is a call that hangs.
+GRAPH_DEADLINES = Deadlines(read_seconds=120.0, total_seconds=300.0)
 
 
 # Characters per piece of a form value given to quote_plus, which on Python 3.11 builds a list
@@ -63,8 +72,8 @@ def form_encode(fields: Mapping[str, Any]) -> str:
     return "&".join(f"{_quote(name)}={_quote(value)}" for name, value in fields.items())
 
 
-class FormSession(requests.Session):
-    """The SDK's HTTP session, with form bodies encoded by `form_encode`."""
+class FormSession(BoundedSession):
+    """The SDK's HTTP session, bounded in time, with form bodies encoded by `form_encode`."""
 
     def request(  # type: ignore[override]
         self, method: str, url: str, data: Any = None, headers: Any = None, **kwargs: Any
@@ -87,7 +96,7 @@ class MetaError(RuntimeError):
         status: int | None = None,
         transient: bool = False,
     ) -> None:
-        super().__init__(f"Meta {status or ''} code={code} subcode={subcode}: {message}")
+        super().__init__(redact(f"Meta {status or ''} code={code} subcode={subcode}: {message}"))
         self.code, self.subcode, self.status, self.transient = code, subcode, status, transient
 
     @property
@@ -133,13 +142,17 @@ class MetaAudiences:
         account_id: str,
         access_token: str,
         *,
+        app_secret: str | None = None,
         graph_url: str | None = None,
         attempts: int = 6,
         retry_base_seconds: float = 2.0,
+        deadlines: Deadlines = GRAPH_DEADLINES,
     ) -> None:
-        session = FacebookSession(access_token=access_token)
-        # The same settings (access token as a query parameter, CA bundle) on a FormSession.
-        form = FormSession()
+        # With the app secret, the SDK adds appsecret_proof to the session's parameters.
+        session = FacebookSession(access_token=access_token, app_secret=app_secret)
+        # The same settings (access token and proof as query parameters, CA bundle) on a
+        # FormSession.
+        form = FormSession(deadlines)
         form.params, form.verify, form.proxies = (
             session.requests.params,
             session.requests.verify,
@@ -184,9 +197,11 @@ class MetaAudiences:
                     status=error.http_status(),
                     transient=bool(error.api_transient_error()),
                 ) from None
-            except requests.RequestException as error:  # no answer: refused, reset, timeout
+            except (requests.RequestException, OutboundError) as error:
+                # No answer (refused, reset, timed out: retried), or a redirect off Graph.
                 message = QUERY_STRING.sub("", f"{type(error).__name__}: {error}")
-                raise MetaError(message, transient=True) from None
+                transient = isinstance(error, requests.RequestException)
+                raise MetaError(message, transient=transient) from None
 
         def count_retry(_: Exception) -> None:
             self.retries += 1

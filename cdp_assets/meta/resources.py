@@ -5,21 +5,31 @@ import os
 import dagster as dg
 
 from cdp_assets.activation.destinations import Destination
-from cdp_assets.meta.audiences import MetaAudiences
+from cdp_assets.lib.outbound import Deadlines
+from cdp_assets.meta.audiences import GRAPH_DEADLINES, MetaAudiences
 
 
 class MetaResource(dg.ConfigurableResource):
-    """`graph_url` unset means `META_GRAPH_URL` when set (the demo's sandbox), else Meta."""
+    """`graph_url` unset means `META_GRAPH_URL` when set (the demo's sandbox), else Meta. Each
+    call waits at most `timeout_seconds` between two reads and `deadline_seconds` in all (a
+    10,000-row batch included)."""
 
     graph_url: str | None = None
     attempts: int = 6
     retry_base_seconds: float = 2.0
+    timeout_seconds: float = GRAPH_DEADLINES.read_seconds
+    deadline_seconds: float = GRAPH_DEADLINES.total_seconds
 
     def audiences_for(self, destination: Destination) -> MetaAudiences:
+        signs = "app_secret" in destination.credential_refs
         return MetaAudiences(
             destination.account_id,
             destination.credential("access_token"),
+            app_secret=destination.credential("app_secret") if signs else None,
             graph_url=self.graph_url or os.environ.get("META_GRAPH_URL"),
             attempts=self.attempts,
             retry_base_seconds=self.retry_base_seconds,
+            deadlines=Deadlines(
+                read_seconds=self.timeout_seconds, total_seconds=self.deadline_seconds
+            ),
         )

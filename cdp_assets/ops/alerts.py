@@ -7,13 +7,15 @@ from collections.abc import Mapping
 
 import requests
 
+from cdp_assets.lib.outbound import BoundedSession, Deadlines, OutboundError
 from cdp_assets.ops.sync_errors import SyncError
 
 WEBHOOK_ENV = "CDP_ALERT_WEBHOOK_URL"
 # Where operators open the Dagster UI (e.g. https://dagster.example.com): alerts link to the
 # failed run there. `cdp dev` sets it to its own webserver.
 UI_URL_ENV = "CDP_UI_URL"
-TIMEOUT_SECONDS = 5  # the sensor tick waits for it: a slow webhook must not stall the daemon
+# The sensor tick waits for it: a slow (or dripping) webhook must not stall the daemon.
+DEADLINES = Deadlines(connect_seconds=5, read_seconds=5, total_seconds=10)
 MAX_ASSETS_LISTED = 5
 
 
@@ -47,11 +49,13 @@ def post_alert(
 ) -> bool:
     """POST the payload; False (and a warning) when the webhook cannot be reached or refuses."""
     try:
-        response = requests.post(url, json=payload, timeout=TIMEOUT_SECONDS)
-        response.raise_for_status()
-    except requests.RequestException as error:
+        with BoundedSession(DEADLINES) as session:
+            response = session.post(url, json=payload)
+            response.raise_for_status()
+    except (requests.RequestException, OutboundError) as error:
         # Not str(error): it quotes the URL, and a webhook URL is itself a credential.
-        status = error.response.status_code if error.response is not None else None
+        response = getattr(error, "response", None)  # requests' errors carry the answer
+        status = response.status_code if response is not None else None
         detail = f", HTTP {status}" if status else ""
         log.warning(f"alert webhook not reached ({type(error).__name__}{detail})")
         return False

@@ -8,6 +8,7 @@ import os
 
 import dagster as dg
 
+from cdp_assets.lib.run_bounds import run_bound
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.ops.alerts import WEBHOOK_ENV
 from cdp_assets.ops.freshness import PLATFORM_FRESHNESS
@@ -131,6 +132,7 @@ operations_metrics_job = dg.define_asset_job(
     "operations_metrics_job",
     selection=[operations_metrics],
     description="Materialize the operations metrics and run their checks.",
+    tags=run_bound("operations_metrics_job"),
 )
 
 # Running by default: the metrics only read, and a stopped schedule would leave the plots and

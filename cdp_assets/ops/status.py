@@ -25,6 +25,7 @@ import psycopg
 from cdp_assets.activation.history import OpenActivationRun, open_activation_runs
 from cdp_assets.lib.ages import format_age
 from cdp_assets.lib.dagster_home import prepare_dagster_home
+from cdp_assets.lib.sync_state import OrderGaps, order_gaps
 from cdp_assets.ops.freshness import FRESHNESS, PLATFORM_FRESHNESS
 from cdp_assets.ops.health import (
     Instigator,
@@ -68,10 +69,14 @@ class AssetStatus:
     failed_run_id: str | None
     failed_at: datetime | None
     last_error: SyncError | None
+    # Orders only, whatever month is judged: orders unread, months unreconciled or failed.
+    degraded: str = ""
+    # Orders only: months older than VTEX serves, not imported (a note, not a problem).
+    unavailable: str = ""
 
     @property
     def ok(self) -> bool:
-        return not self.stale and self.failed_run_id is None
+        return not self.stale and self.failed_run_id is None and not self.degraded
 
     @property
     def state(self) -> str:
@@ -82,6 +87,8 @@ class AssetStatus:
             problems.append("stale")
         if self.failed_run_id is not None:
             problems.append("failed")
+        if self.degraded:
+            problems.append("degraded")
         return "+".join(problems) or "ok"
 
 
@@ -271,6 +278,7 @@ def collect_status(
     }
     all_keys = [key.to_user_string() for keys in watched.values() for key in keys]
     errors = latest_errors(conn, active, all_keys)
+    gaps = order_gaps(conn, active)
 
     assets = []
     for tenant in active:
@@ -293,6 +301,7 @@ def collect_status(
                     failed_run_id=outcome.failed_run_id,
                     failed_at=outcome.failed_at,
                     last_error=max(tenant_errors, key=lambda e: e.occurred_at, default=None),
+                    **(_order_gaps(gaps[tenant]) if name == "vtex_orders" else {}),
                 )
             )
     if instigators is None:
@@ -329,6 +338,10 @@ def platform_instance(warehouse_url: str) -> Iterator[dg.DagsterInstance]:
         yield instance
 
 
+def _order_gaps(gaps: OrderGaps) -> dict[str, str]:
+    return {"degraded": gaps.describe(), "unavailable": gaps.describe_unavailable()}
+
+
 def _hours(delta: timedelta) -> str:
     return f"{int(delta.total_seconds() // 3600)}h"
 
@@ -344,6 +357,8 @@ def _what(asset: AssetStatus) -> str:
     if asset.failed_run_id is not None:
         failed = f"run {asset.failed_run_id} failed at {asset.failed_at:%Y-%m-%d %H:%M}"
         what = f"{what}; {failed}" if what else failed
+    if asset.degraded:
+        what = f"{what}; degraded: {asset.degraded}" if what else f"degraded: {asset.degraded}"
     return what
 
 
@@ -399,6 +414,9 @@ def _render_assets(status: Status) -> str:
             f"{a.tenant_id:<{width}}{a.asset:<26}{when:<18}{age:>7}{_hours(a.max_age):>5}"
             f"  {a.state:<14}{error_text}".rstrip()
         )
+    lines.extend(
+        f"  {a.tenant_id} {a.asset}: {a.unavailable}" for a in status.assets if a.unavailable
+    )
     problems = [a for a in status.assets if not a.ok]
     if not problems:
         lines.append("all fresh, no failures")
@@ -445,6 +463,8 @@ def status_json(status: Status) -> dict[str, Any]:
                 ),
                 "max_age_seconds": int(a.max_age.total_seconds()),
                 "stale": a.stale,
+                "degraded": a.degraded or None,
+                "unavailable": a.unavailable or None,
                 "failed_run_id": a.failed_run_id,
                 "failed_at": _iso(a.failed_at),
                 "last_error": a.last_error

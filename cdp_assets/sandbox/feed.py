@@ -146,10 +146,16 @@ class OrderFeed:
         )
         self._visible.append(event_id)
 
-    def receive(self, maxlot: int, duplicate: Callable[[], bool]) -> list[dict[str, Any]]:
+    def receive(
+        self,
+        maxlot: int,
+        duplicate: Callable[[], bool],
+        defect: Callable[[], str | None] = lambda: None,
+    ) -> list[Any]:
         """Up to ``maxlot`` visible events, hidden for the visibility timeout afterwards.
 
-        ``duplicate()`` is asked after each event whether to deliver it twice (fault injection).
+        Fault injection: ``duplicate()`` is asked after each event whether to deliver it twice,
+        ``defect()`` whether to add a broken delivery of it (see ``_broken``).
         """
         assert self._config is not None
         now = self._clock()
@@ -168,6 +174,8 @@ class OrderFeed:
             batch.append(self._deliver(event))
             if len(batch) < maxlot and duplicate():
                 batch.append(self._deliver(event))
+            if len(batch) < maxlot and (kind := defect()):
+                batch.append(_broken(self._deliver(event), kind))
         return batch
 
     def commit(self, handles: list[str]) -> None:
@@ -208,3 +216,20 @@ class OrderFeed:
             del self._events[event.event_id]
             for handle in event.handles:
                 self._handles.pop(handle, None)
+
+
+def _broken(delivery: dict[str, Any], kind: str) -> Any:
+    """A delivery broken as ``kind`` (faults.FEED_EVENT_DEFECTS). VTEX documents at-least-once
+    delivery without uniqueness (https://developers.vtex.com/docs/guides/orders-feed): a
+    broken one is an extra delivery of an event the same lot also delivers intact, so the
+    store's truth stays reachable."""
+    if kind == "not_an_object":
+        return f"{delivery['eventId']}:{delivery['orderId']}"
+    broken = dict(delivery)
+    if kind == "no_handle":
+        del broken["handle"]
+    elif kind == "null_order_id":
+        broken["orderId"] = None
+    else:  # integer_order_id
+        broken["orderId"] = int("".join(c for c in delivery["orderId"] if c.isdigit()))
+    return broken

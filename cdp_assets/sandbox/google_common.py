@@ -37,8 +37,10 @@ from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
 from google.rpc import status_pb2
 
+# "never_answer" holds the call without an answer until the client's deadline (or the
+# sandbox's stop) ends it; the others are the APIs' own errors.
 FAULT_KINDS: frozenset[str] = frozenset(
-    {"quota", "daily_quota", "unavailable", "internal", "not_allowlisted"}
+    {"quota", "daily_quota", "unavailable", "internal", "not_allowlisted", "never_answer"}
 )
 MAX_MEMBERSHIP_DAYS = 540
 # Error details travel in trailers, and gRPC clients reject trailers above 8 KiB by default.
@@ -383,6 +385,10 @@ class Dispatcher:
         try:
             api.admit(call)
             kind = self._faults.take(rpc.method)
+            if kind == "never_answer":
+                while context.is_active():
+                    time.sleep(0.05)
+                raise RpcFailure(grpc.StatusCode.DEADLINE_EXCEEDED, "no answer was given")
             if kind is not None:
                 raise api.fault(kind, call)
             response = rpc.handler(request, call)

@@ -152,8 +152,9 @@ class GoogleSandbox:
         """Fail the next ``times`` calls of an RPC (by name) with ``fault``, before any effect.
 
         Faults: ``quota`` / ``daily_quota`` (RESOURCE_EXHAUSTED), ``unavailable``, ``internal``,
-        ``not_allowlisted`` (PERMISSION_DENIED). Google Ads calls still need a developer token
-        first: a call rejected for headers does not consume a fault.
+        ``not_allowlisted`` (PERMISSION_DENIED), ``never_answer`` (no answer until the client's
+        deadline passes). Google Ads calls still need a developer token first: a call rejected
+        for headers does not consume a fault.
         """
         if method not in self._methods:
             raise ValueError(f"unknown RPC {method!r}; expected one of {sorted(self._methods)}")

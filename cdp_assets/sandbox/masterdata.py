@@ -261,10 +261,19 @@ class _Scroll:
     fields: list[str] | None
     position: int
     touched: float
+    pages: int = 0
 
 
 class ScrollRegistry:
-    """Open scroll cursors of one account (tokens expire after 20 idle minutes)."""
+    """Open scroll cursors of one account.
+
+    As Master Data documents them (https://developers.vtex.com/docs/api-reference/masterdata-api
+    #get-/api/dataentities/-acronym-/scroll and https://developers.vtex.com/docs/guides/
+    search-and-scroll-api-queries): a token is a forward cursor on the server's side, so every
+    request made with it moves it on, whether or not its answer reached the client (a reset or
+    a truncated body loses that page to a client that asks again); a token expires after 20
+    idle minutes, each request resetting the timer; at most 10 scrolls per account at once.
+    """
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
@@ -279,13 +288,23 @@ class ScrollRegistry:
         self._scrolls[token] = _Scroll(rows, size, fields, 0, self._clock())
         return token
 
-    def advance(self, token: str, repeat: int) -> tuple[np.ndarray, list[str] | None, int]:
+    def advance(
+        self, token: str, repeat: int, expire_after_pages: int = 0, endless: bool = False
+    ) -> tuple[np.ndarray, list[str] | None, int]:
         """Next batch of rows (prefixed by ``repeat`` rows of the previous batch), its fields and
-        the total; the cursor is dropped once an empty batch has been handed out."""
+        the total; the cursor is dropped once an empty batch has been handed out.
+
+        Faults: ``expire_after_pages`` expires the token once it served that many pages (the
+        idle expiry, compressed); ``endless`` starts over at the end instead of ending."""
         self._expire()
         scroll = self._scrolls.get(token)
+        if scroll is not None and expire_after_pages and scroll.pages >= expire_after_pages:
+            del self._scrolls[token]
+            scroll = None
         if scroll is None:
             raise QueryError("scroll token is invalid or expired")
+        if endless and scroll.position >= len(scroll.rows):
+            scroll.position = 0
         start = scroll.position
         batch = scroll.rows[start : start + scroll.size]
         if len(batch) == 0:
@@ -293,6 +312,7 @@ class ScrollRegistry:
             return batch, scroll.fields, len(scroll.rows)
         scroll.position = start + len(batch)
         scroll.touched = self._clock()
+        scroll.pages += 1
         if repeat and start:
             batch = np.concatenate([scroll.rows[max(0, start - repeat) : start], batch])
         return batch, scroll.fields, len(scroll.rows)

@@ -24,6 +24,10 @@ Each Graph request goes through, in order:
    which is why they fail on batches of a few hundred rows in production.
 2. Injected faults (:meth:`MetaSandbox.inject`), answered before any state is touched.
 3. The access token (code 190 if unknown) and the ad account it may use (code 200 if not).
+   With ``app_secret`` the app has "Require App Secret" on: a call without
+   ``appsecret_proof`` (HMAC-SHA256 of the token keyed by the secret) or with a wrong one is
+   refused with Graph's code 100, as "Securing Requests" describes
+   (https://developers.facebook.com/docs/graph-api/securing-requests#appsecret_proof).
 4. The route's handler.
 
 Every request, whatever its outcome, is recorded with ``payload``/``session`` parsed from JSON.
@@ -33,8 +37,11 @@ from their own thread.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
+import hashlib
+import hmac
 import itertools
 import re
 import socket
@@ -107,7 +114,17 @@ _FAULT_ERRORS: dict[str, Callable[[], GraphError]] = {
         "updating its members.",
     ),
 }
-META_FAULT_KINDS: tuple[str, ...] = (*_FAULT_ERRORS, "bad_gateway_html")
+# "token_echo": Graph's code 190 for a token it cannot parse quotes the token ("Malformed access
+# token ...", OAuthException; https://developers.facebook.com/docs/graph-api/guides/error-handling).
+# "never_answer": the request is held without an answer until the client gives up.
+META_FAULT_KINDS: tuple[str, ...] = (
+    *_FAULT_ERRORS,
+    "bad_gateway_html",
+    "token_echo",
+    "never_answer",
+)
+_APPSECRET_PROOF_MISSING = "API calls from the server require an appsecret_proof argument"
+_APPSECRET_PROOF_INVALID = "Invalid appsecret_proof provided in the API argument"
 
 _JSON = "application/json"
 _HTML = "text/html"
@@ -276,7 +293,10 @@ def _no_route(call: _Call) -> dict[str, Any]:
 class _Graph:
     """Everything the app serves and records, guarded by ``lock``."""
 
-    def __init__(self, access_tokens: Mapping[str, Iterable[str]]) -> None:
+    def __init__(
+        self, access_tokens: Mapping[str, Iterable[str]], app_secret: str | None = None
+    ) -> None:
+        self.app_secret = app_secret
         self.tokens: dict[str, frozenset[str]] = {}
         for token, accounts in access_tokens.items():
             if isinstance(accounts, str):
@@ -297,7 +317,8 @@ class _Graph:
         query_string: bytes,
         body: bytes,
         url_bytes: int,
-    ) -> _Reply:
+    ) -> _Reply | None:
+        """The reply, or None for a request never to be answered."""
         arrived = time.time()
         started = time.perf_counter()
         # Parsing a 10,000-row body takes most of the request's time, so it stays outside the lock.
@@ -312,6 +333,11 @@ class _Graph:
                     fault = self._take_fault(path)
                     if fault == "bad_gateway_html":
                         reply = _Reply(502, _BAD_GATEWAY, _HTML)
+                    elif fault == "never_answer":
+                        reply = None
+                    elif fault == "token_echo":
+                        token = {**query, **form}.get("access_token", "")
+                        raise GraphError(190, f"Malformed access token {token}")
                     elif fault is not None:
                         raise _FAULT_ERRORS[fault]()
                     else:
@@ -326,7 +352,7 @@ class _Graph:
                     path,
                     query,
                     form,
-                    reply.status,
+                    reply.status if reply is not None else 0,
                     arrived,
                     time.perf_counter() - started,
                     fault,
@@ -343,6 +369,13 @@ class _Graph:
         accounts = self.tokens.get(token)
         if accounts is None:
             raise GraphError(190, "Invalid OAuth access token - Cannot parse access token")
+        if self.app_secret is not None:
+            proof = params.get("appsecret_proof")
+            if not proof:
+                raise GraphError(100, _APPSECRET_PROOF_MISSING, error_type="GraphMethodException")
+            expected = hmac.new(self.app_secret.encode(), token.encode(), hashlib.sha256)
+            if not hmac.compare_digest(str(proof), expected.hexdigest()):
+                raise GraphError(100, _APPSECRET_PROOF_INVALID, error_type="GraphMethodException")
         version = path_params.get("version")
         if version is not None and not _VERSION.fullmatch(version):
             raise _unsupported(method, path)
@@ -386,6 +419,10 @@ def _graph_route(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
             body,
             url_bytes,
         )
+        if reply is None:  # never answered: held until the client gives up
+            while not await request.is_disconnected():
+                await asyncio.sleep(0.05)
+            return Response(b"", status_code=504)
         return Response(reply.body, status_code=reply.status, media_type=reply.media_type)
 
     return endpoint
@@ -446,11 +483,14 @@ class MetaSandbox:
     """The Graph sandbox on an ephemeral 127.0.0.1 port, served from a background thread.
 
     ``access_tokens`` maps each accepted token to the ad accounts (``act_123`` or ``123``) it may
-    use. Use as a context manager, or call :meth:`start` and :meth:`stop`.
+    use; ``app_secret``, when given, is the app's secret with "Require App Secret" on. Use as a
+    context manager, or call :meth:`start` and :meth:`stop`.
     """
 
-    def __init__(self, access_tokens: Mapping[str, Iterable[str]]) -> None:
-        self._graph = _Graph(access_tokens)
+    def __init__(
+        self, access_tokens: Mapping[str, Iterable[str]], *, app_secret: str | None = None
+    ) -> None:
+        self._graph = _Graph(access_tokens, app_secret)
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
         self._listener: socket.socket | None = None
@@ -480,6 +520,8 @@ class MetaSandbox:
             log_config=None,
             log_level="warning",
             access_log=False,
+            # A request held unanswered must not hold the sandbox's stop.
+            timeout_graceful_shutdown=1,
         )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(

@@ -8,7 +8,8 @@ Where VTEX documents no default the sandbox picks one: ``GetProductAndSkuIds`` w
 serves 10 products, Master Data search without ``REST-Range`` serves ``resources=0-15``, scroll
 without ``_size`` pages by 100, collection products without ``pageSize`` by 10. The orders list
 defaults to ``per_page=15`` and ``orderBy=creationDate,desc``; ``f_creationDate`` bounds are
-inclusive and keep all 7 fractional digits.
+inclusive and keep all 7 fractional digits. The order routes serve only the orders created in
+the last two years, as VTEX documents (``ORDERS_SERVED_YEARS``).
 
 Faults (see :mod:`cdp_assets.sandbox.faults`) are decided after authentication. ``429`` and
 ``5xx`` are answered without running the handler, so they never have side effects; ``slow``,
@@ -32,7 +33,7 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any
 
@@ -56,7 +57,23 @@ from cdp_assets.sandbox.documents import (
 )
 from cdp_assets.sandbox.faults import Fault, FaultConfig, FaultInjector
 from cdp_assets.sandbox.feed import MAX_LOT, OrderFeed
-from cdp_assets.sandbox.generator import MALFORMED_KINDS, STATUSES, Store, StoreSpec, parse_ticks
+from cdp_assets.sandbox.generator import (
+    MALFORMED_KINDS,
+    STATUSES,
+    Store,
+    StoreSpec,
+    parse_ticks,
+    to_ticks,
+)
+from cdp_assets.sandbox.hostile import (
+    CAPTURE_PATH,
+    Captured,
+    DrippedResponse,
+    RequestBudget,
+    echo_headers,
+    redirect,
+    retry_after_headers,
+)
 from cdp_assets.sandbox.masterdata import (
     SCROLL_MAX_SIZE,
     SEARCH_MAX_DOCUMENTS,
@@ -166,6 +183,25 @@ def _faulted(fault: Fault, response: Response) -> Response:
     )
 
 
+def _malformed(call: _Call, name: str, response: Response) -> Response:
+    """The route's 200 broken as ``malformed_envelopes`` asks: what a proxy or a platform
+    change can hand a client in place of the documented shape."""
+    defect = call.sandbox.injector.config.malformed_envelopes.get(name)
+    if defect is None or response.status_code != 200:
+        return response
+    call.account.faults["malformed_envelope"] += 1
+    headers = _carried_headers(response)
+    body = bytes(response.body)
+    if defect == "no_token_header":
+        headers.pop("x-vtex-md-token", None)
+    elif defect == "empty_body":
+        body = b""
+    else:  # wrong_type: a list answered as an object, an object as a list
+        document = orjson.loads(body)
+        body = orjson.dumps({"items": document} if isinstance(document, list) else [document])
+    return Response(body, status_code=200, headers=headers, media_type=response.media_type)
+
+
 class _Account:
     def __init__(self, store: Store) -> None:
         self.store = store
@@ -187,6 +223,8 @@ class _Sandbox:
                 raise ValueError(f"account {store.account!r} given twice")
             self.accounts[store.account] = _Account(store)
         self.injector = FaultInjector()
+        self.budget = RequestBudget()
+        self.captured = Captured()
         self.started = time.monotonic()
         self.served = 0
         self.handler_seconds = 0.0
@@ -229,13 +267,19 @@ def _api(family: str, name: str, handler: Handler) -> Callable[[Request], Awaita
             or headers.get("x-vtex-api-apptoken") != account.app_token
         ):
             return _error(401, "Unauthorized: missing or invalid X-VTEX-API-AppKey/AppToken")
+        refusal = _wire_fault(request, sandbox, account, name)
+        if refusal is not None:
+            return refusal
         injector = sandbox.injector
         fault = injector.decide(family)
         if fault is not None and fault.kind in ("429", "5xx", "slow"):
             account.faults[fault.kind] += 1
             if fault.kind == "429":
+                config = injector.config
                 return _error(
-                    429, "Too Many Requests", {"Retry-After": str(injector.config.retry_after)}
+                    429,
+                    "Too Many Requests",
+                    retry_after_headers(config.retry_after_form, config.retry_after),
                 )
             if fault.status == 502:
                 return Response(_BAD_GATEWAY, status_code=502, media_type="text/html")
@@ -244,8 +288,9 @@ def _api(family: str, name: str, handler: Handler) -> Callable[[Request], Awaita
             if fault.kind == "slow":
                 await asyncio.sleep(injector.config.slow_seconds)
         started = time.perf_counter()
+        call = _Call(sandbox, account, request)
         try:
-            response = await handler(_Call(sandbox, account, request))
+            response = await handler(call)
         except ApiError as error:
             return _error(error.status, error.message)
         except NotFound as error:
@@ -254,15 +299,41 @@ def _api(family: str, name: str, handler: Handler) -> Callable[[Request], Awaita
             return _error(400, str(error))
         finally:
             sandbox.handler_seconds += time.perf_counter() - started
+        response = _malformed(call, name, response)
         # A connection can break under any response; truncation is defined for 200 bodies only.
         if fault is not None and (
             fault.kind == "reset" or (fault.kind == "truncate" and response.status_code == 200)
         ):
             account.faults[fault.kind] += 1
             return _faulted(fault, response)
+        interval = injector.config.drip.get(name)
+        if interval:
+            account.faults["drip"] += 1
+            return DrippedResponse(response, interval)
         return response
 
     return endpoint
+
+
+def _wire_fault(
+    request: Request, sandbox: _Sandbox, account: _Account, name: str
+) -> Response | None:
+    """The answer of an account over its request budget, of a redirect or of a header echo,
+    instead of the route's (see hostile.py)."""
+    config = sandbox.injector.config
+    if config.requests_per_minute:
+        wait = sandbox.budget.admit(account.store.account, config.requests_per_minute)
+        if wait is not None:
+            account.faults["budget"] += 1
+            headers = retry_after_headers(config.retry_after_form, wait)
+            return _error(429, "Too Many Requests", headers)
+    if name in config.redirect:
+        account.faults["redirect"] += 1
+        return redirect(request, account.store.account, config.redirect[name])
+    if name in config.echo_headers:
+        account.faults["echo_headers"] += 1
+        return echo_headers(request)
+    return None
 
 
 def _int_param(params: Any, name: str, default: int | None = None) -> int:
@@ -300,6 +371,26 @@ def _instant(text: str) -> int:
 
 
 # ----- OMS ----------------------------------------------------------------------------------------
+
+# VTEX's Orders API reference, List orders and Get order (orders-api.json): "You can only
+# access information from orders created in the last two years". How VTEX answers beyond that
+# is not documented; assumed (UNVERIFIED): the list leaves older orders out without a word (its
+# paging counts only what it serves), Get order answers them 404 like an unknown order, and the
+# two years end at the request's instant (the same day and time two calendar years earlier, 29
+# February falling back to the 28th). Relative to the wall clock, so stores reaching further
+# back than two years from today are served in part.
+ORDERS_SERVED_YEARS = 2
+# Orders whose detail carries a number jsonb refuses ("value overflows numeric format").
+_POISON_FIELD = b'{"discount":1e-20000,'
+_FUTURE_STAMP = "9999-12-31T23:59:59.9999999+00:00"
+
+
+def _orders_served_from() -> int:
+    """Ticks of the oldest creation instant VTEX's order routes serve now."""
+    now = datetime.now(UTC)
+    year = now.year - ORDERS_SERVED_YEARS
+    day = min(now.day, 28) if now.month == 2 else now.day
+    return to_ticks(now.replace(year=year, day=day))
 
 
 @dataclass
@@ -375,6 +466,7 @@ def _order_query(call: _Call) -> _OrderQuery:
     ):
         raise ApiError(400, "orderBy must be creationDate|orderId|totalValue|items,asc|desc")
 
+    low = max(low, _orders_served_from())
     key = (store.version, low, high, statuses, field, direction)
     cached = call.account.list_cache
     if cached is not None and cached[0] == key:
@@ -405,8 +497,12 @@ async def list_orders(call: _Call) -> Response:
         raise ApiError(400, "page must be >= 1")
     query = _order_query(call)
     store = call.store
-    rows = query.rows
-    total = len(rows)
+    injector = call.sandbox.injector
+    answer = injector.list_answer()
+    if answer is not None:
+        call.account.faults[f"list_{answer}"] += 1
+    rows = query.rows[:0] if answer == "empty_page" else query.rows
+    total = 0 if answer == "empty_page" else len(rows) + injector.config.list_total_excess
     start = (page - 1) * per_page
     if page > 1 and call.sandbox.injector.reordered_page("orders"):
         call.account.faults["reorder_pages"] += 1
@@ -418,11 +514,16 @@ async def list_orders(call: _Call) -> Response:
         selected = np.concatenate([rows[max(0, start - repeat) : start], selected])
     if query.stats is None:
         query.stats = {
-            "totalValue": _stats(store.orders.value[rows]),
-            "totalItems": _stats(store.orders.quantity[rows]),
+            "totalValue": _stats(store.orders.value[query.rows]),
+            "totalItems": _stats(store.orders.quantity[query.rows]),
         }
+    unlisted = injector.config.unlisted_order_ids
+    entries = [order_list_item(store, int(row)) for row in selected]
+    for entry in entries:
+        if entry["orderId"] in unlisted:
+            del entry["orderId"]
     body = {
-        "list": [order_list_item(store, int(row)) for row in selected],
+        "list": None if answer == "null_list" else entries,
         "facets": [],
         "paging": {
             "total": total,
@@ -436,10 +537,25 @@ async def list_orders(call: _Call) -> Response:
 
 
 async def get_order(call: _Call) -> Response:
-    row = call.store.order_row(call.request.path_params["order_id"])
-    if row is None:
+    order_id = call.request.path_params["order_id"]
+    failure = call.sandbox.injector.config.failing_orders.get(order_id)
+    if failure is not None:
+        call.account.faults["failing_order"] += 1
+    store = call.store
+    row = store.order_row(order_id)
+    if row is None or failure == "404" or store.orders.created[row] < _orders_served_from():
         raise ApiError(404, "Order not found")
-    return Response(order_bytes(call.store, row), media_type=_JSON)
+    if failure == "5xx":
+        raise ApiError(503, "Injected server error")
+    body = order_bytes(store, row)
+    config = call.sandbox.injector.config
+    if order_id in config.future_stamp_orders:
+        call.account.faults["future_stamp"] += 1
+        body = orjson.dumps({**orjson.loads(body), "lastChange": _FUTURE_STAMP})
+    if order_id in config.poison_documents:
+        call.account.faults["poison"] += 1
+        body = _POISON_FIELD + body[1:]
+    return Response(body[: len(body) // 2] if failure else body, media_type=_JSON)
 
 
 # ----- feed ---------------------------------------------------------------------------------------
@@ -471,7 +587,8 @@ async def read_feed(call: _Call) -> Response:
     if not 1 <= maxlot <= MAX_LOT:
         raise ApiError(400, f"maxlot must be between 1 and {MAX_LOT}")
     feed = _require_feed(call)
-    return _json(feed.receive(maxlot, call.sandbox.injector.duplicate_feed_event))
+    injector = call.sandbox.injector
+    return _json(feed.receive(maxlot, injector.duplicate_feed_event, injector.feed_event_defect))
 
 
 async def commit_feed(call: _Call) -> Response:
@@ -507,7 +624,10 @@ async def product_and_sku_ids(call: _Call) -> Response:
         str(int(catalog.product_id[row])): store.skus_of_product_row(int(row))
         for row in rows[first - 1 : last]
     }
-    return _json({"data": data, "range": {"total": len(rows), "from": first, "to": last}})
+    total = len(rows)
+    if call.sandbox.injector.config.endless_listings:  # always one more window to read
+        total = max(total, last + 1)
+    return _json({"data": data, "range": {"total": total, "from": first, "to": last}})
 
 
 async def sku_ids(call: _Call) -> Response:
@@ -515,14 +635,21 @@ async def sku_ids(call: _Call) -> Response:
     size = _int_param(call.params, "pagesize")
     if page < 1 or not 1 <= size <= SKU_PAGE_MAX:
         raise ApiError(400, f"page must be >= 1 and pagesize between 1 and {SKU_PAGE_MAX}")
-    return _json(call.store.catalog.sku_id[(page - 1) * size : page * size].tolist())
+    sku_ids = call.store.catalog.sku_id
+    if call.sandbox.injector.config.endless_listings:  # past the end, the last page again
+        page = min(page, max(1, math.ceil(len(sku_ids) / size)))
+    return _json(sku_ids[(page - 1) * size : page * size].tolist())
 
 
 async def get_product(call: _Call) -> Response:
     row = call.store.product_row(_path_int(call, "product_id"))
     if row is None:
         raise ApiError(404, "Product not found")
-    return _json(product_document(call.store, row))
+    body = orjson.dumps(product_document(call.store, row))
+    if call.request.path_params["product_id"] in call.sandbox.injector.config.poison_documents:
+        call.account.faults["poison"] += 1
+        body = _POISON_FIELD + body[1:]
+    return Response(body, media_type=_JSON)
 
 
 async def get_sku(call: _Call) -> Response:
@@ -626,8 +753,13 @@ async def scroll_documents(call: _Call) -> Response:
             raise ApiError(400, f"_size must be between 1 and {SCROLL_MAX_SIZE}")
         rows = _customer_rows(call)
         token = call.account.scrolls.open(rows, size, parse_fields(call.params.get("_fields")))
-    repeat = call.sandbox.injector.duplicated_records("masterdata")
-    batch, fields, total = call.account.scrolls.advance(token, repeat)
+    injector = call.sandbox.injector
+    batch, fields, total = call.account.scrolls.advance(
+        token,
+        injector.duplicated_records("masterdata"),
+        injector.config.expire_scroll_after_pages,
+        injector.config.endless_listings,
+    )
     return _json(
         _customer_documents(call, batch, fields),
         headers={"X-VTEX-MD-TOKEN": token, "REST-Content-Total": str(total)},
@@ -660,6 +792,14 @@ def _admin(
             return _error(400, str(error))
 
     return endpoint
+
+
+async def capture(request: Request) -> Response:
+    return await _sandbox(request).captured.capture(request)
+
+
+async def captured(request: Request) -> Response:
+    return await _sandbox(request).captured.listing(request)
 
 
 async def health(request: Request) -> Response:
@@ -865,6 +1005,11 @@ def build_app(stores: list[Store]) -> Starlette:
         api("/dataentities/{acronym}/search", "masterdata", "search_documents", search_documents),
         api("/dataentities/{acronym}/scroll", "masterdata", "scroll_documents", scroll_documents),
         Route("/_sandbox/health", health),
+        # Another origin's endpoint (reached under another host name) recording what a
+        # redirect made clients send it; before the routes below, which would take "capture"
+        # for an account.
+        Route(CAPTURE_PATH + "/{path:path}", capture, methods=["GET", "POST", "PUT", "DELETE"]),
+        Route("/_sandbox/captured", captured),
         Route("/_sandbox/faults", _admin(get_faults)),
         Route("/_sandbox/faults", _admin(set_faults), methods=["POST"]),
         Route("/_sandbox/stats", _admin(stats)),
@@ -1031,6 +1176,10 @@ class SandboxProcess:
 
     def clear_faults(self) -> None:
         self._admin("POST", "/faults", {})
+
+    def captured(self) -> list[dict[str, Any]]:
+        """What the capture endpoint (the target of the `redirect` fault) received."""
+        return self._admin("GET", "/captured")
 
     def mutate(self, account: str, seed: int, changed: int, new: int, at: datetime) -> list[str]:
         body = {"seed": seed, "changed": changed, "new": new, "at": at.isoformat()}

@@ -9,9 +9,11 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, field
-from datetime import date
+from datetime import UTC, date, datetime, time, timedelta
 
 import psycopg
+
+from cdp_assets.lib.credentials import CredentialError, read_credential
 
 # Always used with fullmatch: with match, Python's $ also matches before a final newline,
 # so "acme\n" would pass as a slug.
@@ -19,6 +21,26 @@ SLUG = re.compile(r"^[a-z][a-z0-9_]{1,62}$")
 ACCOUNT = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 ENV_REF = re.compile(r"^[A-Z_][A-Z0-9_]{0,127}$")
 ENVIRONMENTS = ("vtexcommercestable", "vtexcommercebeta")
+# VTEX's List orders and Get order: "You can only access information from orders created in
+# the last two years". Older orders are imported from files (`cdp tenants import-orders`).
+VTEX_ORDER_YEARS = 2
+
+
+def vtex_orders_available_from(now: datetime) -> datetime:
+    """The oldest creation instant whose orders VTEX's API is trusted to serve at `now`: two
+    years back, then on to the second UTC midnight after. VTEX does not document the
+    boundary's exact instant, so the orders of that margin come from files too, rather than
+    from a list that may silently leave them out."""
+    try:
+        two_years = now.replace(year=now.year - VTEX_ORDER_YEARS)
+    except ValueError:  # 29 February
+        two_years = now.replace(year=now.year - VTEX_ORDER_YEARS, day=28)
+    return datetime.combine(two_years.date() + timedelta(days=2), time(), UTC)
+
+
+def default_history_start() -> date:
+    """Where a new tenant's order history starts: as far back as VTEX serves orders."""
+    return vtex_orders_available_from(datetime.now(UTC)).date()
 
 
 class TenantError(ValueError):
@@ -43,7 +65,7 @@ class Tenant:
     environment: str = "vtexcommercestable"
     active: bool = True
     priority: int = 100
-    history_start: date = date(2020, 1, 1)
+    history_start: date = field(default_factory=default_history_start)
     default_country: str = "BR"
 
     def validate(self) -> None:
@@ -70,7 +92,8 @@ class Tenant:
             raise TenantError(f"tenant {self.tenant_id[:80]!r} is invalid: " + "; ".join(problems))
 
     def credentials(self) -> Credentials:
-        """Resolve the credential references; refuses with the names of what is missing."""
+        """Resolve the credential references; refuses with the names of what is missing or
+        unusable (whitespace around a value, control characters in it), never the values."""
         self.validate()
         missing = [ref for ref in (self.app_key_ref, self.app_token_ref) if not os.environ.get(ref)]
         if missing:
@@ -78,7 +101,12 @@ class Tenant:
                 f"tenant {self.tenant_id!r}: credential reference(s) {', '.join(missing)} not set"
                 " in the environment"
             )
-        return Credentials(os.environ[self.app_key_ref], os.environ[self.app_token_ref])
+        try:
+            return Credentials(
+                read_credential(self.app_key_ref), read_credential(self.app_token_ref)
+            )
+        except CredentialError as error:
+            raise TenantError(f"tenant {self.tenant_id!r}: {error}") from None
 
 
 # In the order of Tenant's fields, so a row builds a Tenant positionally.

@@ -1,7 +1,7 @@
 """VTEX documents landed raw in Postgres, one partition per tenant (orders: per month too)."""
 
 from collections import defaultdict
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 
 import dagster as dg
 import psycopg
@@ -11,11 +11,21 @@ from cdp_assets.activation.run import ActivationConfig, activate
 from cdp_assets.activation.sync import MemberSource
 from cdp_assets.analytics.assets import dbt_audiences, dbt_tenant_models
 from cdp_assets.lib.dagster_home import VTEX_API_POOL
+from cdp_assets.lib.redaction import redact
 from cdp_assets.lib.retries import ACTIVATION_RETRY, retry_transient
-from cdp_assets.lib.sync_state import get_cursor, set_cursor
+from cdp_assets.lib.sync_state import (
+    FAILED,
+    RECONCILED,
+    UNAVAILABLE,
+    UNRECONCILED,
+    OrderMonth,
+    get_cursor,
+    record_order_month,
+    set_cursor,
+)
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.partitions import order_months, tenant_months, tenants
-from cdp_assets.tenants.registry import Tenant, get_tenant
+from cdp_assets.tenants.registry import Tenant, get_tenant, vtex_orders_available_from
 from cdp_assets.vtex.client import VtexClient, VtexRequestFailed
 from cdp_assets.vtex.collection_rules import collection_skus
 from cdp_assets.vtex.collections import VtexCollections
@@ -62,7 +72,25 @@ def _table_metadata(table: RawTable) -> dict:
 
 
 # What each month of a run over several records of its own; the requests and time are the run's.
-MONTH_FIGURES = (*Landing().row_metadata(), "orders_listed")
+MONTH_FIGURES = (
+    *Landing().row_metadata(),
+    "orders_listed",
+    "vtex_reported",  # paging.total of List orders over the month's windows
+    "orders_unread",  # listed, but Get order kept failing: read again by the next run
+    "orders_unreconciled",  # reported by VTEX, on no page: the month is read again
+)
+# The month's `orders_sync`: how it ended.
+UNAVAILABLE_FROM_VTEX = "unavailable from VTEX"
+BEFORE_HISTORY = "before the history start"
+
+
+def _month_figures(landing: Landing, sync: str, **counts: int) -> dict[str, int | str]:
+    return {
+        **landing.row_metadata(),
+        **dict.fromkeys(MONTH_FIGURES[len(landing.row_metadata()) :], 0),
+        **counts,
+        "orders_sync": sync,
+    }
 
 
 def _sync_month(
@@ -72,27 +100,85 @@ def _sync_month(
     client: VtexClient,
     tenant: Tenant,
     month: str,
-) -> dict[str, int]:
-    """Land one month of a tenant's orders and move its cursor; what landed."""
+) -> dict[str, int | str]:
+    """Land one month of a tenant's orders, record how it reconciles with VTEX's count, and
+    move its cursor to the newest order read when it does; what happened."""
     landing = Landing()
+    tenant_id, run_id = tenant.tenant_id, context.run.run_id
     window = order_months.time_window_for_partition_key(month)
+    now = datetime.now(UTC)
     history_start = datetime.combine(tenant.history_start, datetime.min.time(), UTC)
-    start, end = max(window.start, history_start), min(window.end, datetime.now(UTC))
-    cursor = None if config.full_refresh else get_cursor(conn, tenant.tenant_id, "orders", month)
+    start, end = max(window.start, history_start), min(window.end, now)
+    if start >= end:
+        context.log.info(f"{tenant_id} {month}: before the history start, skipped")
+        return _month_figures(landing, BEFORE_HISTORY)
+    available_from = vtex_orders_available_from(now)
+    month_start = date.fromisoformat(month)
+    if end <= available_from:
+        record_order_month(conn, tenant_id, month_start, OrderMonth(UNAVAILABLE), run_id)
+        conn.commit()
+        context.log.warning(
+            f"{tenant_id} {month}: older than the two years VTEX serves orders for; import"
+            " them with `cdp tenants import-orders`"
+        )
+        return _month_figures(landing, UNAVAILABLE_FROM_VTEX)
+    start = max(start, available_from)
+    cursor = None if config.full_refresh else get_cursor(conn, tenant_id, "orders", month)
     if cursor is not None:
         start = max(start, cursor - OVERLAP)
-    if start >= end:
-        context.log.info(f"{tenant.tenant_id} {month}: before the history start, skipped")
-        return {**landing.row_metadata(), "orders_listed": 0}
-    run_id = context.run.run_id
-    listed = sync_orders(client, conn, tenant.tenant_id, start, end, run_id, landing)
-    with conn.transaction():
-        set_cursor(conn, tenant.tenant_id, "orders", end, run_id, scope=month)
-    context.log.info(
-        f"{tenant.tenant_id} {month}: {start:%Y-%m-%d %H:%M} to {end:%Y-%m-%d %H:%M} UTC,"
-        f" {landing.received} orders"
+    read = sync_orders(
+        client, conn, tenant_id, start, end, run_id, landing, replace=config.full_refresh
     )
-    return {**landing.row_metadata(), "orders_listed": listed}
+    listing = read.listing
+    reconciled = not listing.shortfalls
+    shortfalls = "; ".join(
+        f"{s.window}: {s.reported} reported, {s.found} read" for s in listing.shortfalls
+    )
+    record = OrderMonth(
+        RECONCILED if reconciled else UNRECONCILED,
+        vtex_reported=listing.reported,
+        accounted=landing.received + len(read.unread),
+        available_from=available_from if window.start < available_from else None,
+        detail=shortfalls or None,
+    )
+    record_order_month(conn, tenant_id, month_start, record, run_id)
+    # Only past what was read, and only once VTEX's count is accounted for: a wrong answer
+    # (an empty page, a short one) leaves the window to be read again.
+    if reconciled and listing.newest is not None:
+        set_cursor(conn, tenant_id, "orders", min(listing.newest, end), run_id, scope=month)
+    conn.commit()
+    context.log.info(
+        f"{tenant_id} {month}: {start:%Y-%m-%d %H:%M} to {end:%Y-%m-%d %H:%M} UTC,"
+        f" {landing.received} orders, {len(read.unread)} unread, {record.state}"
+        + (f" ({shortfalls})" if shortfalls else "")
+    )
+    return _month_figures(
+        landing,
+        record.state,
+        orders_listed=len(listing.orders),
+        vtex_reported=listing.reported,
+        orders_unread=len(read.unread),
+        orders_unreconciled=listing.unaccounted,
+    )
+
+
+def _record_failed_month(
+    context: dg.AssetExecutionContext,
+    conn: psycopg.Connection,
+    tenant_id: str,
+    month: str,
+    error: Exception,
+) -> None:
+    """The month shows as failed until a run of it succeeds, whatever newer months do. Best
+    effort: the database may be what failed."""
+    detail = redact(f"{type(error).__name__}: {error}")[:1000]
+    try:
+        conn.rollback()
+        failed = OrderMonth(FAILED, detail=detail)
+        record_order_month(conn, tenant_id, date.fromisoformat(month), failed, context.run.run_id)
+        conn.commit()
+    except psycopg.Error as unrecorded:
+        context.log.warning(f"{tenant_id} {month}: failure not recorded ({unrecorded!r})")
 
 
 @dg.asset(
@@ -114,7 +200,10 @@ def vtex_orders(
     """VTEX OMS orders (List + Get order), raw JSONB keyed by (tenant, orderId), per month.
 
     A month first syncs whole (from the tenant's history start); later runs of the same month
-    resume from its cursor minus 48 h, which is how the current month stays fresh.
+    resume from its cursor minus 48 h, which is how the current month stays fresh. The cursor
+    moves only to the newest order read, and only when what landed, was quarantined or is
+    unread accounts for the orders VTEX reported; months older than the two years VTEX
+    serves are recorded unavailable, never synced.
 
     In a run over several months, each month's materialization records the rows of that month;
     the VTEX requests and seconds are the whole run's, recorded on each.
@@ -124,17 +213,32 @@ def vtex_orders(
         partition = tenant_months.get_partition_key_from_str(key)
         partitions_by_tenant[partition.keys_by_dimension["tenant"]].append(partition)
     run = Landing()  # the VTEX requests and time of the whole run; each month lands its own
+    unread = 0
     with _retry(context, vtex), warehouse.connect() as conn:
         for tenant_id, partitions in partitions_by_tenant.items():
             tenant = get_tenant(conn, tenant_id)
             client = vtex.client_for(tenant)
             for partition in sorted(partitions, key=lambda p: p.keys_by_dimension["month"]):
                 month = partition.keys_by_dimension["month"]
-                landed = _sync_month(context, config, conn, client, tenant, month)
+                try:
+                    landed = _sync_month(context, config, conn, client, tenant, month)
+                except Exception as error:
+                    _record_failed_month(context, conn, tenant_id, month, error)
+                    raise
                 context.add_asset_metadata(landed, partition_key=partition)
+                unread += landed["orders_unread"]
             run.count_requests(client)
+    if unread:
+        context.log.warning(
+            f"{unread} orders left unread (Get order kept failing): raw_vtex.unreadable_orders"
+            " holds them, and the next run of their month reads them again"
+        )
     return dg.MaterializeResult(
-        metadata={**run.request_metadata(), "months": len(context.partition_keys)}
+        metadata={
+            **run.request_metadata(),
+            "months": len(context.partition_keys),
+            "orders_unread_in_run": unread,
+        }
     )
 
 

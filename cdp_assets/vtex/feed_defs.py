@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 import dagster as dg
 
 from cdp_assets.lib.dagster_home import VTEX_API_POOL
+from cdp_assets.lib.run_bounds import run_bound
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.partitions import tenants
 from cdp_assets.tenants.registry import get_tenant
@@ -49,7 +50,9 @@ def vtex_orders_feed(
 ) -> dg.MaterializeResult:
     """Orders changed since the last drain, from the tenant's VTEX orders feed (v3): each event's
     order is re-read with Get order and upserted into raw_vtex.orders, and the events are
-    committed on VTEX only once the rows are. Turned on per tenant with `cdp tenants feed`."""
+    committed on VTEX only once the rows are. Malformed events are quarantined; an order that
+    cannot be read keeps its events queued, then is re-read by id by the next drains
+    (raw_vtex.orders_to_reread). Turned on per tenant with `cdp tenants feed`."""
     tenant_id = context.partition_key
     with warehouse.connect() as conn:
         client = vtex.client_for(get_tenant(conn, tenant_id))
@@ -66,6 +69,7 @@ vtex_orders_feed_sync = dg.define_asset_job(
     FEED_SYNC_JOB,
     selection=[vtex_orders_feed],
     description="Drain one tenant's VTEX orders feed into raw_vtex.orders.",
+    tags=run_bound(FEED_SYNC_JOB),
 )
 
 

@@ -25,6 +25,10 @@ INSTANT = re.compile(
 )
 # Real UTC offsets lie within -12:00..+14:00; Postgres refuses anything beyond 15:59.
 MAX_OFFSET = timedelta(hours=14)
+# A change stamp further ahead of the clock than this is corrupt, and is quarantined rather
+# than clamped: stored, it would outrank every later version of the document, since the
+# upsert keeps the newest stamp (a full refresh replaces a row whatever its stamp).
+FUTURE_TOLERANCE = timedelta(hours=1)
 # Amounts in cents: VTEX's are far below this. Larger ones are corrupt data, and staging
 # turns cents into numeric(18, 2) units (and sums them per customer), which would overflow.
 MAX_CENTS = 10**12
@@ -76,6 +80,17 @@ def parse_timestamp(value: Any, field: str) -> datetime:
         return moment.astimezone(UTC)
     except (ValueError, OverflowError):
         raise InvalidRecord(f"{field} {value[:40]!r} is not an ISO-8601 timestamp") from None
+
+
+def change_stamp(value: Any, field: str) -> datetime:
+    """A document's change stamp: a VTEX instant no further ahead of the clock than
+    FUTURE_TOLERANCE."""
+    stamp = parse_timestamp(value, field)
+    if stamp > datetime.now(UTC) + FUTURE_TOLERANCE:
+        raise InvalidRecord(
+            f"{field} {value[:40]!r} is in the future (more than {FUTURE_TOLERANCE} ahead)"
+        )
+    return stamp
 
 
 def payload_text(raw: bytes) -> str:
@@ -151,13 +166,13 @@ def order_summary(doc: dict[str, Any]) -> dict[str, Any]:
 def order_row(doc: Any, raw: bytes) -> Row:
     key = _key(doc, "orderId")
     try:
-        change_stamp = parse_timestamp(doc.get("lastChange"), "lastChange")
+        stamp = change_stamp(doc.get("lastChange"), "lastChange")
         creation = parse_timestamp(doc.get("creationDate"), "creationDate")
         _cents(doc.get("value"), "value")
         _items(doc.get("items"))
         payload = payload_text(raw)
         summary = orjson.dumps(order_summary(doc)).decode()
-        return (key, change_stamp, creation, summary, payload)
+        return (key, stamp, creation, summary, payload)
     except InvalidRecord as error:
         raise InvalidRecord(str(error), key) from None
 
@@ -179,7 +194,7 @@ def customer_row(doc: Any) -> Row:
             parse_timestamp(doc["createdIn"], "createdIn")
         return (
             key,
-            parse_timestamp(doc.get("updatedIn"), "updatedIn"),
+            change_stamp(doc.get("updatedIn"), "updatedIn"),
             payload_text(orjson.dumps(doc)),
         )
     except InvalidRecord as error:

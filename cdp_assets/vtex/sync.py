@@ -1,24 +1,48 @@
 """Fetch VTEX documents for one tenant and land them in `raw_vtex.*` in bounded batches.
 
 Each batch commits on its own (rows, rejects), so memory stays flat and a crash loses at
-most one batch of work; cursors move only after the whole window has landed.
+most one batch of work; cursors move only after the whole window has landed. A document
+the warehouse refuses is quarantined alone, and an order whose detail cannot be read is
+recorded to be read again: neither holds back the rest.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from itertools import islice
+from datetime import UTC, date, datetime
+from itertools import chain, islice
 from typing import Any
 
 import orjson
 import psycopg
 
-from cdp_assets.lib.rejects import Reject, record_rejects
-from cdp_assets.lib.upsert import RawTable, Row, UpsertCounts, upsert_documents
-from cdp_assets.vtex.client import MalformedBody, Reply, RequestStats, VtexClient
+from cdp_assets.lib.rejects import (
+    Reject,
+    Unreadable,
+    record_rejects,
+    settle_unread,
+    unread_orders,
+)
+from cdp_assets.lib.upsert import (
+    ROW_ERRORS,
+    RawTable,
+    Row,
+    UpsertCounts,
+    upsert_documents,
+    upsert_isolating,
+)
+from cdp_assets.vtex.client import (
+    MalformedBody,
+    MalformedEnvelope,
+    OrderListing,
+    Reply,
+    RequestStats,
+    VtexClient,
+    VtexRequestFailed,
+    naming_tenant,
+)
 from cdp_assets.vtex.records import (
     InvalidRecord,
     catalog_row,
@@ -33,6 +57,9 @@ SKUS = RawTable("raw_vtex", "skus", "sku_id")
 CUSTOMERS = RawTable("raw_vtex", "customers", "customer_id")
 
 BATCH_SIZE = 2000
+# Order details failing one after another: Get order is down, not one order unreadable. The
+# run fails (and is retried) rather than record a whole month unread, one slow retry each.
+UNREAD_IN_A_ROW = 50
 
 
 @dataclass
@@ -89,8 +116,15 @@ def land(
     records: Iterable[Row | Reject],
     run_id: str,
     landing: Landing,
+    *,
+    replace: bool = False,
 ) -> None:
-    """Upsert valid rows and quarantine rejects, committing after each batch.
+    """Upsert valid rows and quarantine rejects, committing after each batch (and whatever
+    the caller's transaction held). `replace`: see `upsert_documents`.
+
+    A batch the warehouse refuses for some rows' content is rolled back and landed again
+    without them, found by halving it (`upsert_isolating`); they are quarantined with
+    Postgres' reason, in the same commit as the rest of the batch.
 
     An explicit commit, not `conn.transaction()`: inside a transaction the caller already
     opened (any earlier SELECT opens one) that is only a savepoint, and nothing would be
@@ -101,7 +135,12 @@ def land(
         rows = [r for r in batch if not isinstance(r, Reject)]
         rejects = [r for r in batch if isinstance(r, Reject)]
         try:
-            counts = upsert_documents(conn, table, tenant_id, rows)
+            try:
+                counts = upsert_documents(conn, table, tenant_id, rows, replace=replace)
+            except ROW_ERRORS:
+                conn.rollback()
+                counts, refused = upsert_isolating(conn, table, tenant_id, rows, replace=replace)
+                rejects += [Reject(r.row[0], r.reason, r.row[-1]) for r in refused]
             record_rejects(conn, tenant_id, table.name, rejects, run_id)
             conn.commit()
         except BaseException:
@@ -126,6 +165,14 @@ def _detail(
         return reject(error, reply.raw)
 
 
+@dataclass(frozen=True)
+class OrdersRead:
+    """What one read of a span of orders found."""
+
+    listing: OrderListing
+    unread: list[Unreadable]
+
+
 def sync_orders(
     client: VtexClient,
     conn: psycopg.Connection,
@@ -134,15 +181,65 @@ def sync_orders(
     end: datetime,
     run_id: str,
     landing: Landing,
-) -> int:
-    """Land every order created in [start, end]; returns how many were listed."""
-    order_ids = client.list_order_ids(start, end)
-    details = client.map_concurrent(
-        lambda order_id: _detail(client.get_order, order_id, lambda r: order_row(r.data, r.raw)),
-        order_ids,
-    )
-    land(conn, ORDERS, tenant_id, details, run_id, landing)
-    return len(order_ids)
+    *,
+    replace: bool = False,
+) -> OrdersRead:
+    """Land every order listed as created in [start, end], and those of its months an earlier
+    run left unread. An order whose detail still fails after the client's retries (or answers
+    an empty body) is recorded in `raw_vtex.unreadable_orders` and the others land; the next
+    run of its month reads it again. Entries listed without an orderId are quarantined."""
+    with naming_tenant(tenant_id):
+        listing = client.list_orders(start, end)
+        earlier = {u.order_id: u for u in unread_orders(conn, tenant_id, start, end)}
+        order_ids = sorted(listing.orders.keys() | earlier.keys())
+        unread: list[Unreadable] = []
+
+        def read(order_id: str) -> Row | Reject | Unreadable:
+            try:
+                return _detail(client.get_order, order_id, lambda r: order_row(r.data, r.raw))
+            except (VtexRequestFailed, MalformedEnvelope) as error:
+                return _unreadable(order_id, listing, earlier.get(order_id), start, error)
+
+        def readable(details: Iterable[Row | Reject | Unreadable]) -> Iterator[Row | Reject]:
+            in_a_row = 0
+            for detail in details:
+                if not isinstance(detail, Unreadable):
+                    in_a_row = 0
+                    yield detail
+                    continue
+                unread.append(detail)
+                in_a_row += 1
+                if in_a_row == UNREAD_IN_A_ROW:
+                    raise VtexRequestFailed(
+                        f"Get order failed for {in_a_row} orders in a row (the last:"
+                        f" {detail.error})"
+                    )
+
+        unlisted = [Reject(None, entry.problem, entry.raw) for entry in listing.unlisted]
+        details = readable(client.map_concurrent(read, order_ids))
+        land(conn, ORDERS, tenant_id, chain(unlisted, details), run_id, landing, replace=replace)
+        still = {u.order_id for u in unread}
+        settle_unread(conn, tenant_id, earlier.keys() - still, unread, run_id)
+        conn.commit()
+    return OrdersRead(listing, unread)
+
+
+def _unreadable(
+    order_id: str,
+    listing: OrderListing,
+    earlier: Unreadable | None,
+    start: datetime,
+    error: Exception,
+) -> Unreadable:
+    """An order whose detail could not be read, in the month its creation falls in."""
+    listed = listing.orders.get(order_id)
+    if listed is not None and listed.created is not None:
+        month, status = date(listed.created.year, listed.created.month, 1), listed.status
+    elif earlier is not None:
+        month, status = earlier.month, earlier.status
+    else:
+        month, status = date(start.year, start.month, 1), None
+    return Unreadable(order_id, month, status, str(error))
 
 
 def sync_catalog(
@@ -155,11 +252,12 @@ def sync_catalog(
     }[table.name]
     landing = Landing()
     seen_at = datetime.now(UTC)
-    details = client.map_concurrent(
-        lambda key: _detail(fetch, key, lambda r: catalog_row(r.data, r.raw, "Id", seen_at)),
-        list_ids(),
-    )
-    land(conn, table, tenant_id, details, run_id, landing)
+    with naming_tenant(tenant_id):
+        details = client.map_concurrent(
+            lambda key: _detail(fetch, key, lambda r: catalog_row(r.data, r.raw, "Id", seen_at)),
+            list_ids(),
+        )
+        land(conn, table, tenant_id, details, run_id, landing)
     landing.count_requests(client)
     return landing
 
@@ -171,6 +269,9 @@ def sync_customers(
     run_id: str,
     updated_since: datetime | None,
 ) -> Landing:
+    """Land the CL documents updated since a moment (all of them for None). The scroll never
+    skips a page (see `VtexClient.scroll_customers`); when it fails, the run fails before the
+    caller moves the customers cursor."""
     landing = Landing()
 
     def rows() -> Iterable[Row | Reject]:
@@ -181,6 +282,7 @@ def sync_customers(
                 except InvalidRecord as error:
                     yield reject(error, orjson.dumps(doc))
 
-    land(conn, CUSTOMERS, tenant_id, rows(), run_id, landing)
+    with naming_tenant(tenant_id):
+        land(conn, CUSTOMERS, tenant_id, rows(), run_id, landing)
     landing.count_requests(client)
     return landing

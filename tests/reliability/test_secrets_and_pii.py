@@ -1,16 +1,18 @@
 """Secrets and PII: after a full run (shared_tenants.py: VTEX sandbox -> ingestion -> dbt,
 CLV, churn -> audiences -> Meta, Google Data Manager, Google Ads and VTEX collections) and
-after runs made to fail (a refused VTEX token, Meta unreachable, a refused Meta token, Google
-denying access), no credential value and no raw e-mail or phone appears in anything the
-platform writes or sends outside the warehouse:
+after runs made to fail (a refused VTEX token, a VTEX redirect to another host, a VTEX error
+echoing the request's headers, a VTEX token ending in a newline, Meta unreachable, a refused
+Meta token, a Meta error quoting the token, Google denying access), no credential value and no
+raw e-mail or phone appears in anything the platform writes or sends outside the warehouse:
 
-- Dagster's event log (every entry of every run: messages, metadata, errors) and run storage
-  (tags, config);
+- Dagster's event log (every entry of every run: messages, metadata, errors), run storage
+  (tags, config) and compute logs (what each step printed);
 - what was printed or logged (file descriptors, Python streams, the logging module);
 - what the Meta and Google sandboxes received, except the credentials they must receive
-  (Meta's `access_token` parameter, Google's `developer-token` header);
-- exception texts, cdp.sync_errors (filled by the real failure sensor), cdp.activation_runs
-  and cdp.activation_rejects.
+  (Meta's `access_token` parameter, Google's `developer-token` header), and what reached the
+  host a VTEX redirect pointed to;
+- exception texts, cdp.sync_errors (filled by the real failure sensor), the alerts it posted
+  to the webhook, cdp.activation_runs and cdp.activation_rejects.
 """
 
 from __future__ import annotations
@@ -19,8 +21,12 @@ import json
 import logging
 import re
 import socket
+import threading
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import dagster as dg
@@ -31,9 +37,11 @@ from shared_tenants import STORES, Pipeline, shared_pipeline
 
 from cdp_assets.google.assets import google_customer_match
 from cdp_assets.google.resources import GoogleResource
+from cdp_assets.lib.redaction import redact, remember
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.meta.assets import meta_custom_audiences
 from cdp_assets.meta.resources import MetaResource
+from cdp_assets.ops.alerts import WEBHOOK_ENV
 from cdp_assets.ops.sensors import sync_errors_sensor
 from cdp_assets.partitions import tenants
 from cdp_assets.sandbox import (
@@ -44,7 +52,7 @@ from cdp_assets.sandbox import (
     credentials_for,
 )
 from cdp_assets.tenants.registry import Tenant, add_tenant
-from cdp_assets.vtex.assets import vtex_customers
+from cdp_assets.vtex.assets import vtex_products
 from cdp_assets.vtex.resources import VtexResource
 
 # What each sandbox must receive, so is not a leak there.
@@ -56,6 +64,29 @@ def closed_port_url() -> str:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return f"http://127.0.0.1:{probe.getsockname()[1]}"
+
+
+@contextmanager
+def webhook() -> Iterator[tuple[str, list[str]]]:
+    """An alert webhook on loopback: its URL and the bodies posted to it."""
+    posted: list[str] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            posted.append(self.rfile.read(int(self.headers["Content-Length"])).decode())
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}/alerts", posted
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def record_failure(
@@ -78,37 +109,59 @@ def provoke_failures(
     instance: dg.DagsterInstance,
     pipeline: Pipeline,
     monkeypatch: pytest.MonkeyPatch,
-) -> tuple[dict[str, str], list[str], list]:
-    """Four failed runs; the credentials they used, their exception texts, and the requests
-    the sandboxes saw."""
+) -> tuple[dict[str, str], list[str], list, list[str], list[str]]:
+    """Eight failed runs; the credentials they used, their exception texts, the requests the
+    sandboxes saw, what the host a redirect pointed to received, and the alerts posted."""
+    store = StoreSpec("leaky", 9, 3, 5, 2)
+    key, token = credentials_for(store.account)
     wrong = {
         "refused VTEX token": f"vtex-wrong-token-{uuid.uuid4().hex}",
         "refused Meta token": f"meta-wrong-token-{uuid.uuid4().hex}",
+        "VTEX app token of leaky": token,
     }
     results = []
-    # A VTEX app token the store refuses (its key is right: a secret too).
-    store = StoreSpec("leaky", 9, 3, 5, 2)
-    key, _ = credentials_for(store.account)
+    # Tenants of one store: a VTEX app token the store refuses (its key is right: a secret too);
+    # answers redirecting to another host, or echoing the request's headers in an error; the
+    # right token with the newline it was pasted with.
     monkeypatch.setenv("VTEX_LEAKY_KEY", key)
-    monkeypatch.setenv("VTEX_LEAKY_TOKEN", wrong["refused VTEX token"])
+    monkeypatch.setenv("VTEX_LEAKY_WRONG_TOKEN", wrong["refused VTEX token"])
+    monkeypatch.setenv("VTEX_LEAKY_TOKEN", token)
+    monkeypatch.setenv("VTEX_LEAKY_PASTED_TOKEN", token + "\n")
+    leaky = {
+        "leaky": "VTEX_LEAKY_WRONG_TOKEN",
+        "leaky_redirect": "VTEX_LEAKY_TOKEN",
+        "leaky_echo": "VTEX_LEAKY_TOKEN",
+        "leaky_pasted": "VTEX_LEAKY_PASTED_TOKEN",
+    }
     with psycopg.connect(warehouse_url) as conn:
-        add_tenant(conn, Tenant("leaky", "leaky", "VTEX_LEAKY_KEY", "VTEX_LEAKY_TOKEN"))
+        for tenant_id, token_ref in leaky.items():
+            add_tenant(conn, Tenant(tenant_id, "leaky", "VTEX_LEAKY_KEY", token_ref))
         conn.commit()
-    instance.add_dynamic_partitions(tenants.name, ["leaky"])
+    instance.add_dynamic_partitions(tenants.name, list(leaky))
     warehouse = WarehouseResource()
     with SandboxProcess([store]) as vtex:
-        results.append(
-            dg.materialize(
-                [vtex_customers],
-                partition_key="leaky",
-                instance=instance,
-                resources={
-                    "warehouse": warehouse,
-                    "vtex": VtexResource(base_url_template=vtex.base_url + "/{account}"),
-                },
-                raise_on_error=False,
+        elsewhere = vtex.base_url.replace("127.0.0.1", "localhost")  # another origin
+        faults = {
+            "leaky_redirect": {"redirect": {"get_product": elsewhere}},
+            "leaky_echo": {"echo_headers": ["get_product"]},
+        }
+        for tenant_id in leaky:
+            vtex.set_faults(faults.get(tenant_id, {}))
+            results.append(
+                dg.materialize(
+                    [vtex_products],
+                    partition_key=tenant_id,
+                    instance=instance,
+                    resources={
+                        "warehouse": warehouse,
+                        "vtex": VtexResource(
+                            base_url_template=vtex.base_url + "/{account}", max_retries=1
+                        ),
+                    },
+                    raise_on_error=False,
+                )
             )
-        )
+        captured = [json.dumps(request) for request in vtex.captured()]
     # The tenants' own tokens, back in the environment for these runs.
     for tenant_id in STORES:
         monkeypatch.setenv(
@@ -125,6 +178,9 @@ def provoke_failures(
     with MetaSandbox({}) as meta, GoogleSandbox(running_polls=0) as google:
         resource = MetaResource(graph_url=meta.graph_url, retry_base_seconds=0.01)
         results.append(push(meta_custom_audiences, "iso_b", instance, warehouse, meta=resource))
+        # An error quoting the (right) token.
+        meta.inject("token_echo", path_contains="/")
+        results.append(push(meta_custom_audiences, "iso_a", instance, warehouse, meta=resource))
         # Google Ads denying the developer token's access.
         for method in ("Search", "SearchStream", "MutateUserLists"):
             google.inject(method, "not_allowlisted", times=20)
@@ -132,15 +188,23 @@ def provoke_failures(
         results.append(push(google_customer_match, "iso_c", instance, warehouse, google=resource))
         requests = [*meta.requests(), *google.requests()]
     exceptions = []
-    for result in results:
-        record_failure(instance, result, warehouse_url)
-        exceptions += [
-            str(event.step_failure_data.error)
-            for event in result.all_events
-            if event.is_step_failure
-        ]
-    assert len(exceptions) >= len(results)
-    return wrong, exceptions, requests
+    with webhook() as (url, alerts):
+        monkeypatch.setenv(WEBHOOK_ENV, url)
+        for result in results:
+            record_failure(instance, result, warehouse_url)
+            exceptions += [
+                str(event.step_failure_data.error)
+                for event in result.all_events
+                if event.is_step_failure
+            ]
+    assert len(exceptions) >= len(results) and len(alerts) == len(results)
+    return wrong, exceptions, requests, captured, alerts
+
+
+def compute_logs(instance: dg.DagsterInstance) -> list[str]:
+    """What the steps printed, as the instance's compute log manager kept it."""
+    root = Path(instance.root_directory)
+    return [path.read_text(errors="replace") for path in root.rglob("*") if path.is_file()]
 
 
 def push(
@@ -254,7 +318,7 @@ def test_no_secret_or_raw_pii_anywhere_after_a_full_run(
 ):
     caplog.set_level(logging.INFO)
     pipeline = shared_pipeline(warehouse_url, instance)
-    wrong, exceptions, failed_requests = provoke_failures(
+    wrong, exceptions, failed_requests, captured, alerts = provoke_failures(
         warehouse_url, instance, pipeline, monkeypatch
     )
     secrets = {**pipeline.secrets, **wrong}
@@ -276,19 +340,29 @@ def test_no_secret_or_raw_pii_anywhere_after_a_full_run(
             [*pipeline.meta_requests, *pipeline.google_requests, *failed_requests]
         ),
         "exception texts": exceptions,
+        "compute logs": compute_logs(instance),
+        "the host a redirect pointed to": captured,
+        "webhook posts": alerts,
         **tables,
     }
     # The scan is worth something only if these were not empty.
     assert len(metadata) > 20 and len(sources["sandbox requests"]) > 10
     assert tables["cdp.sync_errors"] and tables["cdp.activation_runs"]
-    # The unreachable Meta did fail, by a connection error (its text once held the token).
+    # The unreachable Meta did fail, by a connection error (its text once held the token), and
+    # so did the others, each as provoked.
     assert "ConnectionError" in " ".join(tables["cdp.activation_runs"])
+    errors = " ".join(tables["cdp.sync_errors"])
+    for cause in ("another origin (localhost)", "HTTP 400", "VTEX_LEAKY_PASTED_TOKEN"):
+        assert cause in errors, cause
+    assert "Malformed access token ***" in " ".join(tables["cdp.activation_runs"])
+    assert sources["compute logs"]
 
     leaks = find_leaks(sources, secrets, emails, phones)
     texts = sum(len(texts) for texts in sources.values())
     reliability_report.record(
         f"secrets and PII: {len(secrets) + len(emails) + len(phones)} values in {texts} texts",
-        faults=f"{len(exceptions)} failed runs (refused tokens, Meta unreachable, Google denied)",
+        faults=f"{len(exceptions)} failed runs (refused tokens, a redirect to another host, a"
+        " header echo, a pasted newline, Meta unreachable, a token quoted, Google denied)",
         checked=texts,
         lost=len(leaks),  # a leaked value is lost secrecy
         duplicates=0,
@@ -310,3 +384,21 @@ def test_the_scan_finds_planted_values():
     leaks = find_leaks(sources, {"planted": "tok-1234567890"}, emails, phones)
     assert sorted(kind.split()[0] for _, kind in leaks) == ["credential:", "e-mail", "phone"]
     assert find_leaks({"log": ["nothing here 2195"]}, {"planted": "tok-1"}, emails, phones) == []
+
+
+def test_redaction_masks_every_credential_read_in_every_form_an_echo_gives_it():
+    """A value read as a credential is masked whatever its variable is named: as written,
+    stripped of the newline it was pasted with, JSON-escaped, URL-encoded, and as Python's
+    repr quotes it (requests' InvalidHeader)."""
+    value = 'tok/"quoted" value+1\n'
+    remember(value)
+    texts = {
+        "raw": f"header value: {value}",
+        "stripped": f"Malformed access token {value.strip()}",
+        "repr": f"InvalidHeader: header value: {value!r}",
+        "JSON": json.dumps({"echo": value}),
+        "URL": "GET /x?token_like=tok%2F%22quoted%22%20value%2B1%0A",
+        "form": "payload=tok%2F%22quoted%22+value%2B1",
+    }
+    for form, text in texts.items():
+        assert "quoted" not in redact(text, environ={}), form
