@@ -8,11 +8,14 @@ from cdp_assets.analytics.jobs import ANALYTICS_JOB, CHURN_HOLDOUT_JOB
 from cdp_assets.analytics.schedules import audiences_every_48_hours, churn_holdout_weekly
 from cdp_assets.definitions import defs
 from cdp_assets.lib.dagster_home import apply_pool_limits
+from cdp_assets.lib.sync_state import OrderGaps
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.partitions import RANGE_END_TAG, RANGE_START_TAG, tenant_months, tenants
 from cdp_assets.tenants.registry import Tenant, add_tenant, list_tenants
 from cdp_assets.tenants.runs import with_partitions
 from cdp_assets.vtex.schedules import (
+    REPAIR_MONTHS_PER_TICK,
+    REPAIR_TAG,
     order_sync_requests,
     tenant_run_requests,
     vtex_catalog_daily,
@@ -65,6 +68,62 @@ def test_orders_sync_covers_the_last_48_hours_across_a_month_end(scheduled_tenan
     assert all(r.partition_key_range is None for r in mid_month)
     assert vtex_orders_twice_daily.cron_schedule == "0 6,18 * * *"
     assert vtex_orders_twice_daily.execution_timezone == "America/Argentina/Buenos_Aires"
+
+
+def test_orders_sync_reads_again_the_months_left_unread_or_unreconciled(scheduled_tenants):
+    """An older month with orders whose detail kept failing, or whose listing VTEX's totals did
+    not account for, is read again by the schedule: a tenant does not stay degraded until
+    someone re-runs the month by hand."""
+    gaps = {
+        "sched_b": OrderGaps(
+            unread={date(2026, 3, 1): 2},
+            unsettled={date(2026, 5, 1): "unreconciled", date(2026, 12, 1): "failed"},
+            unavailable=[date(2024, 1, 1)],
+        ),
+        "sched_a": OrderGaps(
+            unsettled={date(2025, m, 1): "failed" for m in range(1, 13)},
+        ),
+    }
+    moment = datetime(2026, 12, 15, 18, tzinfo=BUENOS_AIRES)
+    requests = order_sync_requests(scheduled_tenants, moment, gaps)
+    keys = [str(r.partition_key) for r in requests]
+    # The recent month first (once, though it failed), then the repairs, newest first; an
+    # unavailable month is not requested (VTEX does not serve it), and each tenant gets at
+    # most REPAIR_MONTHS_PER_TICK of them.
+    assert keys == [
+        "2026-12-01|sched_b",
+        "2026-12-01|sched_a",
+        "2026-05-01|sched_b",
+        "2026-03-01|sched_b",
+        *(f"2025-{m:02d}-01|sched_a" for m in range(12, 12 - REPAIR_MONTHS_PER_TICK, -1)),
+    ]
+    assert len({r.run_key for r in requests}) == len(requests)
+    repairs = [r for r in requests if r.tags.get(REPAIR_TAG)]
+    assert len(repairs) == 2 + REPAIR_MONTHS_PER_TICK
+    assert order_sync_requests(scheduled_tenants, moment) == order_sync_requests(
+        scheduled_tenants, moment, {}
+    )
+
+
+def test_the_orders_schedule_finds_the_months_to_read_again_in_the_warehouse(
+    scheduled_tenants, conn, warehouse_url
+):
+    conn.execute(
+        "INSERT INTO raw_vtex.unreadable_orders (tenant_id, order_id, month, error)"
+        " VALUES ('sched_a', 'v-1', '2026-02-01', 'GET /api/oms/pvt/orders/v-1: 500')"
+    )
+    conn.commit()
+    evening = datetime(2026, 12, 15, 18, tzinfo=BUENOS_AIRES)
+    resources = {"warehouse": WarehouseResource(url=warehouse_url)}
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions(tenants.name, ["sched_a", "sched_b", "sched_c"])
+        with dg.build_schedule_context(instance, evening, resources=resources) as context:
+            requests = vtex_orders_twice_daily(context)
+    assert [str(r.partition_key) for r in requests] == [
+        "2026-12-01|sched_b",
+        "2026-12-01|sched_a",
+        "2026-02-01|sched_a",
+    ]
 
 
 def test_catalog_sync_at_five_per_active_tenant(scheduled_tenants):
