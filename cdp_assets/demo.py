@@ -8,7 +8,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, date, datetime
+from datetime import UTC, date, datetime, timedelta
 
 import dagster as dg
 import psycopg
@@ -21,22 +21,29 @@ from cdp_assets.lib.dagster_home import prepare_dagster_home
 from cdp_assets.lib.database import cdp_home
 from cdp_assets.lib.warehouse import migrated_url
 from cdp_assets.ops.metrics_defs import operations_metrics_job
-from cdp_assets.partitions import order_months, tenant_month_range_tags, tenants
+from cdp_assets.partitions import month_start, order_months, tenant_month_range_tags, tenants
 from cdp_assets.sandbox import (
     GoogleSandbox,
     MetaSandbox,
     SandboxProcess,
     StoreSpec,
     credentials_for,
+    history_end_today,
 )
 from cdp_assets.tenants.registry import Tenant, add_tenant
 from cdp_assets.tenants.sensors import plan_tenant_partitions
 from cdp_assets.vtex.jobs import ORDERS_SYNC_JOB, TENANT_SYNC_JOB
 
-# The stores hold orders since 2020; the demo syncs from 2025 so the older months show as
-# missing in the UI's partition view, ready to be backfilled from there.
+# The stores hold orders since 2020 and end today. VTEX serves the orders of the last two
+# years: the demo syncs this month and the DEMO_MONTHS before it, which lie whole within those
+# years whatever the day. The older months show as missing in the UI's partition view: a
+# backfill loads what VTEX still serves of them and records the rest unavailable from VTEX,
+# whose orders `cdp tenants import-orders` imports from files.
 HISTORY_START = date(2020, 1, 1)
-DEMO_SYNC_FROM = date(2025, 1, 1)
+DEMO_MONTHS = 22
+DEMO_SYNC_FROM = month_start(datetime.now(UTC), DEMO_MONTHS).date()
+# A year back, inside the synced months.
+BUSY_DAY = (history_end_today() - timedelta(days=365)).date()
 
 
 @dataclass(frozen=True)
@@ -66,7 +73,7 @@ DEMO_TENANTS = (
             customers=5_000,
             orders=16_000,
             products=800,
-            busy_day=date(2025, 11, 28),
+            busy_day=BUSY_DAY,
             busy_day_orders=3_400,
         ),
         priority=30,

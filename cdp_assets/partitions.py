@@ -1,5 +1,7 @@
 """Partitions shared by every tenant-scoped asset."""
 
+from datetime import UTC, datetime
+
 import dagster as dg
 
 from cdp_assets.tenants.registry import SLUG
@@ -11,6 +13,13 @@ tenants = dg.DynamicPartitionsDefinition(name="tenants")
 order_months = dg.MonthlyPartitionsDefinition(start_date="2020-01-01", end_offset=1)
 
 tenant_months = dg.MultiPartitionsDefinition({"tenant": tenants, "month": order_months})
+
+
+def month_start(moment: datetime, back: int = 0) -> datetime:
+    """The first instant (UTC) of the month `back` months before `moment`'s."""
+    index = moment.year * 12 + moment.month - 1 - back
+    return datetime(index // 12, index % 12 + 1, 1, tzinfo=UTC)
+
 
 # Dagster's run tags for one run over a range of partitions (what a UI backfill sends).
 RANGE_START_TAG = "dagster/asset_partition_range_start"

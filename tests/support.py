@@ -16,12 +16,25 @@ from dagster._daemon.types import DaemonHeartbeat
 
 from cdp_assets.analytics.dbt_project import DBT_EXECUTABLE, DBT_PROJECT_DIR, dbt_connection_env
 from cdp_assets.lib.warehouse import WarehouseResource
-from cdp_assets.partitions import order_months, tenant_month_range_tags, tenants
+from cdp_assets.partitions import month_start, order_months, tenant_month_range_tags, tenants
 from cdp_assets.sandbox import SandboxProcess, credentials_for
 from cdp_assets.tenants.registry import Tenant, add_tenant, vtex_orders_available_from
 from cdp_assets.vtex.assets import vtex_customers, vtex_orders, vtex_products, vtex_skus
 from cdp_assets.vtex.import_orders import import_orders
 from cdp_assets.vtex.resources import VtexResource
+
+
+def months_ago(back: int) -> date:
+    """The first day of the month `back` months before this one (UTC)."""
+    return month_start(datetime.now(UTC), back).date()
+
+
+# Where stores of whole months end.
+THIS_MONTH = month_start(datetime.now(UTC))
+# Where the test stores' order histories start: the first day of a month that lies whole
+# within the two years VTEX serves orders for, whatever the day (that window begins two days
+# after the date two years back, so up to the 2nd of the month 23 months back).
+HISTORY_START = months_ago(22)
 
 TABLES = {
     "orders": ("order_id", vtex_orders),
@@ -32,7 +45,7 @@ TABLES = {
 
 
 def register(
-    conn: psycopg.Connection, tenant_id: str, account: str, history_start: date = date(2025, 1, 1)
+    conn: psycopg.Connection, tenant_id: str, account: str, history_start: date = HISTORY_START
 ) -> Tenant:
     key_ref, token_ref = f"TEST_{tenant_id.upper()}_KEY", f"TEST_{tenant_id.upper()}_TOKEN"
     os.environ[key_ref], os.environ[token_ref] = credentials_for(account)

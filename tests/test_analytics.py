@@ -7,7 +7,6 @@ import json
 import os
 import re
 import subprocess
-from datetime import date
 from pathlib import Path
 
 import dagster as dg
@@ -17,10 +16,12 @@ import requests
 from dagster._core.definitions.reconstruct import ReconstructableRepository
 from psycopg.types.json import Jsonb
 from support import (
+    HISTORY_START,
     assert_bands_rank_repurchase,
     dbt_build,
     holdout_repurchase_rates,
     import_unavailable_orders,
+    months_ago,
     register,
     run_dbt,
     sync,
@@ -78,17 +79,18 @@ SEGMENTS = {
     "Hibernating",
     "Lost",
 }
-# A store large enough for the BG/NBD fit, and one too small for a fit or for segments.
+# A store large enough for the BG/NBD fit, and one too small for a fit or for segments. The big
+# one's history reaches back almost four years, its older half imported from files.
 BIG = StoreSpec(
     account="bigshop",
     seed=7,
     customers=1500,
     orders=6000,
     products=80,
-    history_start=date(2023, 1, 1),
+    history_start=months_ago(47),
 )
 TINY = StoreSpec(
-    account="tinyshop", seed=8, customers=12, orders=30, products=10, history_start=date(2025, 1, 1)
+    account="tinyshop", seed=8, customers=12, orders=30, products=10, history_start=HISTORY_START
 )
 TENANTS = {"an_big": BIG, "an_tiny": TINY}
 # The big store again, as its own tenant, whose churn_risk the holdout test rebuilds as of

@@ -27,6 +27,7 @@ from cdp_assets.sandbox import (
     Store,
     StoreSpec,
     credentials_for,
+    history_end_today,
     parse_ticks,
 )
 
@@ -37,7 +38,7 @@ MASTERDATA_API = "masterdata-v1-api.json"
 
 # "acme" is never mutated, so it stays equal to an in-process Store built from the same spec. Its
 # orders lie within the two years VTEX serves (a window relative to today).
-TODAY = datetime.combine(datetime.now(UTC).date(), datetime.min.time(), UTC)
+TODAY = history_end_today()
 ACME_BUSY_DAY = (TODAY - timedelta(days=400)).date()
 ACME = StoreSpec(
     "acme",
@@ -145,7 +146,7 @@ def test_spec_parse_and_cli_round_trip() -> None:
     )
     assert StoreSpec.parse(spec.to_cli()) == spec
     assert StoreSpec.parse("solo") == StoreSpec("solo")
-    assert StoreSpec("x").history_end == datetime(2026, 11, 29, tzinfo=UTC)
+    assert StoreSpec("x").history_end == history_end_today()
     with pytest.raises(ValueError):
         StoreSpec.parse("acme:ordres=5")
     with pytest.raises(ValueError):
@@ -270,7 +271,8 @@ def test_generated_people_exercise_identity_resolution(acme_store: Store) -> Non
 
 
 def test_recent_orders_are_still_in_progress() -> None:
-    store = Store(StoreSpec("recent", orders=2000, history_start=date(2026, 10, 1)))
+    recent = StoreSpec("recent", orders=2000, history_start=(TODAY - timedelta(days=60)).date())
+    store = Store(recent)
     last_days = [orjson.loads(store.order_document(o)) for o in store.order_ids()[-200:]]
     statuses = Counter(document["status"] for document in last_days)
     assert {
@@ -414,7 +416,8 @@ def test_order_routes_serve_the_orders_of_the_last_two_years_only(sandbox: Sandb
     recent = sorted((at, key) for key, at in created.items() if at >= served_from)
     assert older and recent  # the store reaches further back than two years
 
-    everything = "creationDate:[2019-01-01T00:00:00.000Z TO 2030-01-01T00:00:00.000Z]"
+    tomorrow = (now + timedelta(days=1)).date()
+    everything = f"creationDate:[{BETA.history_start}T00:00:00.000Z TO {tomorrow}T00:00:00.000Z]"
     listed = session.get(
         api + "/oms/pvt/orders",
         params={"f_creationDate": everything, "per_page": 100, "orderBy": "creationDate,asc"},
@@ -675,23 +678,24 @@ def test_search_paging_with_rest_range(
         headers={"REST-Range": "resources=0-10"},
     ).json()
     assert by_user == [target]
+    # Half a year of acme's history, from a day to the last second of another.
+    since = (TODAY - timedelta(days=340)).date().isoformat()
+    last_day = (TODAY - timedelta(days=160)).date().isoformat()
+    until = f"{last_day}T23:59:59Z"
     window = session.get(
         url,
-        params={"_where": "updatedIn between 2026-01-01 AND 2026-06-30T23:59:59Z", "_fields": "id"},
+        params={"_where": f"updatedIn between {since} AND {until}", "_fields": "id"},
         headers={"REST-Range": "resources=0-100"},
     )
     updated_ticks = acme_store.buyers.updated
     expected = int(
-        (
-            (updated_ticks >= parse_ticks("2026-01-01"))
-            & (updated_ticks <= parse_ticks("2026-06-30T23:59:59Z"))
-        ).sum()
+        ((updated_ticks >= parse_ticks(since)) & (updated_ticks <= parse_ticks(until))).sum()
     )
     assert expected > 0
     assert window.headers["REST-Content-Range"].endswith(f"/{expected}")
     later = session.get(
         url,
-        params={"_where": "updatedIn>2026-06-30 AND isNewsletterOptIn=true"},
+        params={"_where": f"updatedIn>{last_day} AND isNewsletterOptIn=true"},
         headers={"REST-Range": "resources=0-1"},
     )
     assert later.status_code == 200 and set(later.json()[0]) == {"id"}
@@ -775,7 +779,9 @@ def test_mutation_changes_exactly_the_returned_orders_and_feeds_events(
 
     truth = Store(GAMMA)
     before = {row["key"]: row["doc"] for row in sandbox.export("gamma", "orders")}
-    at = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+    # After every order's last change, so each changed order is stamped at `at` itself.
+    at = GAMMA.history_end + timedelta(minutes=1)
+    stamp = f"{at:%Y-%m-%dT%H:%M:%S}"
     affected = sandbox.mutate("gamma", seed=1, changed=7, new=3, at=at)
     assert affected == truth.mutate(1, 7, 3, at)  # the same mutation is deterministic
     after = {row["key"]: row["doc"] for row in sandbox.export("gamma", "orders")}
@@ -786,7 +792,7 @@ def test_mutation_changes_exactly_the_returned_orders_and_feeds_events(
             moved = after[order_id]
             assert moved["status"] != document["status"]
             assert moved["lastChange"] > document["lastChange"]
-            assert moved["lastChange"].startswith("2026-11-30T12:00:00.0")
+            assert moved["lastChange"].startswith(f"{stamp}.0")
             assert {k for k in moved if moved[k] != document[k]} <= {
                 "status",
                 "statusDescription",
@@ -807,7 +813,7 @@ def test_mutation_changes_exactly_the_returned_orders_and_feeds_events(
             "get",
             session.get(f"{api}/oms/pvt/orders/{order_id}"),
         )
-        assert after[order_id]["creationDate"] <= "2026-11-30T12:00:00.0000000+00:00"
+        assert after[order_id]["creationDate"] <= f"{stamp}.0000000+00:00"
         assert orjson.dumps(after[order_id]) == truth.order_document(order_id)
 
     events = _drain(session, feed)
@@ -837,7 +843,7 @@ def test_mutation_changes_exactly_the_returned_orders_and_feeds_events(
             "queue": {"visibilityTimeoutInSeconds": 60},
         },
     )
-    sandbox.mutate("gamma", seed=2, changed=20, new=2, at=datetime(2026, 12, 1, tzinfo=UTC))
+    sandbox.mutate("gamma", seed=2, changed=20, new=2, at=at + timedelta(minutes=1))
     canceled = _drain(session, feed)
     assert canceled and {event["state"] for event in canceled} == {"canceled"}
     assert_valid(ORDERS_API, "/api/orders/feed/config", "delete", session.delete(config))

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import time
-from datetime import UTC, date, datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 import dagster as dg
 import orjson
 import psycopg
 import pytest
 from click.testing import CliRunner
-from support import metadata, register, vtex_for
+from support import HISTORY_START, metadata, register, vtex_for
 
 from cdp_assets.cli import main
 from cdp_assets.lib.warehouse import WarehouseResource
@@ -64,7 +64,7 @@ def sandbox():
             customers=60,
             orders=200,
             products=5,
-            history_start=date(2025, 1, 1),
+            history_start=HISTORY_START,
         )
         for seed, account in enumerate(ACCOUNTS, start=40)
     ]
@@ -161,7 +161,7 @@ def test_changed_orders_arrive_through_the_feed_and_land_with_their_new_status(
 ):
     tenant = register(conn, "t_feed_land", "feedland")
     client = enable_feed(conn, sandbox, tenant)
-    everything = (datetime(2025, 1, 1, tzinfo=UTC), datetime.now(UTC))
+    everything = (datetime.combine(HISTORY_START, datetime.min.time(), UTC), datetime.now(UTC))
     sync_orders(client, conn, "t_feed_land", *everything, "baseline", Landing())
     conn.commit()
     order_ids = change_orders(sandbox, "feedland", changed=8, new=3)
@@ -330,7 +330,7 @@ def test_an_order_that_cannot_be_read_is_retried_then_reread_by_id_until_it_land
     orders."""
     tenant = register(conn, "t_feed_missing", "feedmissing")
     client = enable_feed(conn, sandbox, tenant, visibility_timeout_seconds=1)
-    everything = (datetime(2025, 1, 1, tzinfo=UTC), datetime.now(UTC))
+    everything = (datetime.combine(HISTORY_START, datetime.min.time(), UTC), datetime.now(UTC))
     sync_orders(client, conn, "t_feed_missing", *everything, "baseline", Landing())
     conn.commit()
     order_ids = change_orders(sandbox, "feedmissing", changed=5, new=0)

@@ -10,7 +10,7 @@ import orjson
 import psycopg
 import pytest
 from click.testing import CliRunner
-from support import TABLES, metadata, register, sync, vtex_for
+from support import HISTORY_START, TABLES, metadata, months_ago, register, sync, vtex_for
 
 from cdp_assets.cli import main
 from cdp_assets.ops.metrics import collect_history
@@ -20,8 +20,7 @@ from cdp_assets.tenants.registry import vtex_orders_available_from
 from cdp_assets.vtex.assets import MONTH_FIGURES
 from cdp_assets.vtex.client import CUSTOMER_FIELDS
 
-HISTORY_START = date(2025, 1, 1)
-BUSY_DAY = date(2025, 6, 15)
+BUSY_DAY = months_ago(18) + timedelta(days=14)
 STORES = {
     "alpha": StoreSpec(
         account="alpha",
@@ -303,7 +302,8 @@ def test_a_step_still_failing_after_request_retries_is_retried_then_fails(conn, 
 
 def test_each_month_of_a_range_run_records_its_own_counts(conn, instance, sandbox):
     register(conn, "t_months", "beta")
-    months = ("2025-02-01", "2025-03-01", "2025-04-01")
+    # The history's second to fourth months.
+    months = tuple(months_ago(back).isoformat() for back in (21, 20, 19))
     result = sync(
         instance, sandbox, "t_months", entities=("orders",), months=(months[0], months[-1])
     )

@@ -77,6 +77,11 @@ class Platform(Protocol):
 
     def match_info(self, platform_id: str) -> dict[str, Any]: ...
 
+    def busy(self, platform_id: str) -> str | None:
+        """Why the platform cannot take changes to the audience now (a replace it is still
+        processing, a job still running on it), or None when it can."""
+        ...
+
 
 @dataclass
 class SyncOptions:
@@ -515,6 +520,12 @@ def _sync(
     if platform_id != target.platform_audience_id:
         set_platform_audience_id(conn, destination.destination_id, target.audience, platform_id)
         conn.commit()
+    # Sent now, the changes would fail or race the platform's own work: the audience waits,
+    # its state untouched and its signature not stored, so the next run sends them.
+    busy = platform.busy(platform_id)
+    if busy is not None:
+        outcome.status, outcome.reason = "skipped", f"busy on the platform: {busy}"
+        return None
     if options.full_replace:
         _replace(conn, key, platform, platform_id, outcome)
     else:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import multiprocessing
+import multiprocessing.forkserver
 import os
 import shutil
 import sys
@@ -32,12 +33,12 @@ import dagster as dg
 import psycopg
 
 from cdp_assets.bench.measure import peak_rss_mb, rss_mb
-from cdp_assets.bench.scales import Scale, history_end_today
+from cdp_assets.bench.scales import Scale
 from cdp_assets.lib.dagster_home import apply_pool_limits
 from cdp_assets.lib.database import database_url, sqlalchemy_url, with_database
 from cdp_assets.lib.executor import PRELOADED
 from cdp_assets.lib.warehouse import migrated_url
-from cdp_assets.sandbox import SandboxProcess, StoreSpec
+from cdp_assets.sandbox import SandboxProcess, StoreSpec, history_end_today
 from cdp_assets.sandbox import credentials_for as vtex_credentials
 from cdp_assets.sandbox.platforms import PlatformSandboxes
 from cdp_assets.tenants.registry import Tenant, add_tenant
@@ -395,6 +396,10 @@ def open_bench(
     finally:
         os.environ.clear()
         os.environ.update(saved_environment)
+        # The forkserver started for the workers holds the bench's environment (its database,
+        # its sandboxes); a caller after us, such as the platform's executor in the same pytest
+        # session, would fork its steps from it. Stopped, the next one starts with this one.
+        multiprocessing.forkserver._forkserver._stop()
 
 
 def _drop_database(server: str, name: str, keep: bool, echo: Callable[[str], None]) -> None:

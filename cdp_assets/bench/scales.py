@@ -8,7 +8,7 @@ of about 12,000 orders); `small` is a smoke test for CI and `large` shows how co
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 from cdp_assets.sandbox import StoreSpec
 from cdp_assets.tenants.registry import vtex_orders_available_from
@@ -101,12 +101,6 @@ def _apportion(total: int, weights: list[float], minimum: int) -> list[int]:
     counts = [max(minimum, int(total * w)) for w in weights]
     counts[0] = max(minimum, counts[0] + total - sum(counts))
     return counts
-
-
-def history_end_today() -> datetime:
-    """Stores end at today's midnight UTC: recent enough for the 48-hour order sync to read
-    real orders, and the same all day, so a run is reproducible within a day."""
-    return datetime.combine(datetime.now(UTC).date(), datetime.min.time(), UTC)
 
 
 SCALES: dict[str, Scale] = {

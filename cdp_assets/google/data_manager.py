@@ -289,6 +289,9 @@ class DataManagerAudiences:
         )
         return BatchResult(requests=requests + 1)
 
+    def busy(self, platform_id: str) -> str | None:
+        return None
+
     def match_info(self, platform_id: str) -> dict[str, Any]:
         info: dict[str, Any] = {}
         user_list = self._call(

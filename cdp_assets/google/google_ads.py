@@ -307,6 +307,9 @@ class GoogleAdsAudiences:
 
         return self._run(platform_id, operations(), add=True)
 
+    def busy(self, platform_id: str) -> str | None:
+        return None
+
     def match_info(self, platform_id: str) -> dict[str, Any]:
         query = (
             "SELECT user_list.size_for_search, user_list.size_for_display,"

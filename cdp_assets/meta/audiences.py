@@ -281,6 +281,9 @@ class MetaAudiences:
             requests += 1
         return BatchResult(requests=requests)
 
+    def busy(self, platform_id: str) -> str | None:
+        return None
+
     def match_info(self, platform_id: str) -> dict[str, Any]:
         fields = "approximate_count_lower_bound,approximate_count_upper_bound,operation_status"
         body = self._call("GET", (platform_id,), {"fields": fields}, "id", audience=platform_id)

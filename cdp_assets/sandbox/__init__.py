@@ -19,6 +19,7 @@ from cdp_assets.sandbox.generator import (
     Store,
     StoreSpec,
     format_ticks,
+    history_end_today,
     parse_ticks,
 )
 from cdp_assets.sandbox.meta_graph import META_FAULT_KINDS, MetaSandbox, RecordedRequest
@@ -47,6 +48,7 @@ __all__ = [
     "build_app",
     "credentials_for",
     "format_ticks",
+    "history_end_today",
     "parse_ticks",
     "run_sandbox",
     "serve",

@@ -2,7 +2,8 @@
 
 A store is generated once from a :class:`StoreSpec` and kept as flat arrays (one entry per order,
 order item, customer, product, SKU); JSON documents are rendered from those arrays on demand by
-:mod:`cdp_assets.sandbox.documents`. Nothing depends on the wall clock: the same spec always
+:mod:`cdp_assets.sandbox.documents`. Only a spec's default history end reads the wall clock
+(today's midnight UTC, as VTEX serves the last two years from today); the same spec always
 yields the same bytes, which is what lets tests use the sandbox as the source of truth.
 
 Repeat purchases follow a BG/NBD-style process: every registered customer has a first-seen date,
@@ -17,7 +18,7 @@ import hashlib
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from datetime import UTC, date, datetime, timedelta
 from datetime import time as dtime
 from typing import Any, NamedTuple
@@ -30,8 +31,6 @@ TICKS_PER_SECOND = 10_000_000  # VTEX prints 7 fractional digits: .NET ticks of 
 TICKS_PER_MS = TICKS_PER_SECOND // 1000
 TICKS_PER_DAY = 86_400 * TICKS_PER_SECOND
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-
-DEFAULT_HISTORY_END = datetime(2026, 11, 29, tzinfo=UTC)
 
 STATUSES: tuple[str, ...] = (
     "invoiced",
@@ -102,6 +101,12 @@ def _day_start(day: date) -> datetime:
     return datetime.combine(day, dtime(), UTC)
 
 
+def history_end_today() -> datetime:
+    """Today's midnight UTC, where stores end by default: recent enough for the 48-hour order
+    sync to read real orders, and the same all day, so a store is reproducible within a day."""
+    return _day_start(datetime.now(UTC).date())
+
+
 def _stable_int(text: str) -> int:
     """Process-independent hash (``hash()`` is salted per interpreter)."""
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big")
@@ -118,7 +123,7 @@ class StoreSpec:
     products: int = 200
     max_skus_per_product: int = 4
     history_start: date = date(2020, 1, 1)
-    history_end: datetime = DEFAULT_HISTORY_END
+    history_end: datetime = field(default_factory=history_end_today)
     busy_day: date | None = None
     busy_day_orders: int = 0
     malformed_orders: int = 0
@@ -169,7 +174,9 @@ class StoreSpec:
         return cls(account=account.strip(), **kwargs)
 
     def to_cli(self) -> str:
-        """Inverse of :meth:`parse`; only non-default options are written."""
+        """Inverse of :meth:`parse`; only non-default options are written, and the history end
+        always (its default is the day's, which a sandbox process started after midnight would
+        take as another)."""
         options = []
         for spec_field in fields(self):
             value = getattr(self, spec_field.name)

@@ -118,6 +118,9 @@ class VtexCollections:
         added = self.add(platform_id, [row for row in desired if row[0] not in current])
         return BatchResult(requests=removed.requests + added.requests)
 
+    def busy(self, platform_id: str) -> str | None:
+        return None
+
     def match_info(self, platform_id: str) -> dict[str, Any]:
         reply = self.client.get(f"/api/catalog/pvt/collection/{platform_id.split('/')[0]}")
         return {"total_products": (reply.data or {}).get("TotalProducts") if reply else None}

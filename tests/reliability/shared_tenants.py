@@ -26,11 +26,12 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import date, datetime, timedelta
+from datetime import datetime, timedelta
 
 import dagster as dg
 import orjson
 import psycopg
+from support import months_ago
 
 from cdp_assets.activation.destinations import Destination, add_audience, add_destination
 from cdp_assets.activation.triggers import activation_push
@@ -52,7 +53,7 @@ from cdp_assets.vtex.jobs import ORDERS_SYNC_JOB, TENANT_SYNC_JOB
 from cdp_assets.vtex.records import customer_row, order_row
 from cdp_assets.vtex.sync import CUSTOMERS, ORDERS
 
-HISTORY_START = date(2025, 6, 1)
+HISTORY_START = months_ago(18)
 STORES = {
     "iso_a": StoreSpec("isoa", 201, 90, 450, 15, history_start=HISTORY_START),
     "iso_b": StoreSpec("isob", 202, 70, 350, 15, history_start=HISTORY_START),

@@ -6,24 +6,25 @@ from __future__ import annotations
 import re
 import time
 from collections import Counter
-from datetime import UTC, date, datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
 import pytest
-from support import metadata, register, sync, vtex_for
+from support import THIS_MONTH, metadata, months_ago, register, sync, vtex_for
 from truth import compare, cursor_gaps, cursors, load_truth, moved_back
 
-from cdp_assets.partitions import order_months
+from cdp_assets.partitions import month_start, order_months
 from cdp_assets.sandbox import SandboxProcess, StoreSpec
 from cdp_assets.vtex import resources
 from cdp_assets.vtex.assets import OVERLAP
 from cdp_assets.vtex.client import OrderListing, VtexClient
 from cdp_assets.vtex.feed import FeedSettings, drain_feed, turn_feed_on
 
-# Two dense months: order-list windows span several pages (100 orders each), so duplicated
-# and reordered pages happen; 1,200 customers make the Master Data scroll two pages long.
-FAULTS_START = date(2026, 10, 1)
+# Two dense months, the two before this one: order-list windows span several pages (100
+# orders each), so duplicated and reordered pages happen; 1,200 customers make the Master Data
+# scroll two pages long.
+FAULTS_START = months_ago(2)
 FAULTS = StoreSpec(
     account="apifaults",
     seed=21,
@@ -31,20 +32,21 @@ FAULTS = StoreSpec(
     orders=300,
     products=20,
     history_start=FAULTS_START,
+    history_end=THIS_MONTH,
 )
 # Only the months the stores have: every month partition of a run costs Dagster events.
 MONTHS = (FAULTS_START.isoformat(), order_months.get_last_partition_key())
 # One month in the past: a list call sees the whole store, so orders changed right after it
-# are all orders whose detail call comes later.
-CHANGE_MONTH = "2025-06-01"
+# are all orders whose detail call comes later. The store ends at the month's last day.
+CHANGE_MONTH = months_ago(18).isoformat()
 CHANGE = StoreSpec(
     account="apichange",
     seed=22,
     customers=100,
     orders=300,
     products=10,
-    history_start=date(2025, 6, 1),
-    history_end=datetime(2025, 6, 30, tzinfo=UTC),
+    history_start=months_ago(18),
+    history_end=month_start(THIS_MONTH, 17) - timedelta(days=1),
 )
 FEED = StoreSpec(
     account="apifeed",
@@ -53,6 +55,7 @@ FEED = StoreSpec(
     orders=150,
     products=10,
     history_start=FAULTS_START,
+    history_end=THIS_MONTH,
 )
 
 # Patient retries and short waits: faults are frequent here, time is not what is measured. A
@@ -203,7 +206,7 @@ def test_an_order_changed_between_list_and_detail_lands_in_its_newest_state(
         def list_orders(self, start: datetime, end: datetime) -> OrderListing:
             listed = super().list_orders(start, end)
             if not mutated:
-                at = datetime(2025, 6, 29, 12, tzinfo=UTC)
+                at = CHANGE.history_end - timedelta(hours=12)
                 mutated.extend(sandbox.mutate(CHANGE.account, seed=3, changed=25, new=6, at=at))
             return listed
 

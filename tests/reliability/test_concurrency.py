@@ -10,7 +10,7 @@ from the test database, which is their Dagster storage too.
 from __future__ import annotations
 
 import time
-from datetime import UTC, date, datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from importlib.resources import files
 from pathlib import Path
 from typing import Any
@@ -23,7 +23,7 @@ import yaml
 # The queued run coordinator's own test of a run against the runs in progress.
 from dagster._utils.tags import TagConcurrencyLimitsCounter
 from run_worker import Worker
-from support import TABLES, register
+from support import TABLES, THIS_MONTH, months_ago, register
 from truth import compare, landed_rows, load_truth, truth_counts
 
 from cdp_assets.partitions import tenants
@@ -35,11 +35,12 @@ STORE = StoreSpec(
     customers=300,
     orders=500,
     products=20,
-    history_start=date(2026, 6, 1),
+    history_start=months_ago(6),
+    history_end=THIS_MONTH,
 )
 FIRST_MONTH = STORE.history_start.isoformat()
 # The store's last month, its busiest: the shape of a twice-daily run (one tenant, one month).
-LAST_MONTH = "2026-11-01"
+LAST_MONTH = months_ago(1).isoformat()
 RUN_CONFIGS = {
     "local": files("cdp_assets.lib") / "dagster.yaml",
     "production": Path(__file__).resolve().parents[2] / "deploy" / "dagster.yaml",

@@ -12,7 +12,6 @@ import math
 import os
 import random
 from dataclasses import dataclass, field
-from datetime import date
 
 import psycopg
 import pytest
@@ -24,7 +23,7 @@ from activation_support import (
     set_members,
 )
 from run_worker import WORKER_BATCH, Worker, push_audience
-from support import register, sync
+from support import THIS_MONTH, months_ago, register, sync
 from truth import (
     compare,
     cursor_gaps,
@@ -49,7 +48,8 @@ STORE = StoreSpec(
     customers=200,
     orders=800,
     products=20,
-    history_start=date(2026, 3, 1),
+    history_start=months_ago(9),
+    history_end=THIS_MONTH,
 )
 MONTHS = (STORE.history_start.isoformat(), order_months.get_last_partition_key())
 

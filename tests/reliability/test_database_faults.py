@@ -14,12 +14,11 @@ import random
 import threading
 import time
 from collections.abc import Iterator
-from datetime import date
 
 import dagster as dg
 import psycopg
 import pytest
-from support import register, sync, vtex_for
+from support import THIS_MONTH, months_ago, register, sync, vtex_for
 from throwaway_postgres import Postgres, throwaway_postgres
 from truth import (
     compare,
@@ -42,7 +41,8 @@ STORE = StoreSpec(
     customers=4500,
     orders=600,
     products=15,
-    history_start=date(2026, 5, 1),
+    history_start=months_ago(7),
+    history_end=THIS_MONTH,
 )
 MONTHS = (STORE.history_start.isoformat(), order_months.get_last_partition_key())
 SEEDS, SEEDS_LONG = [1], range(2, 8)

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from datetime import UTC, date, datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
-from support import register, sync, vtex_for
+from support import THIS_MONTH, months_ago, register, sync, vtex_for
 from truth import compare, cursor_gaps
 
 from cdp_assets.partitions import order_months
@@ -23,7 +23,15 @@ from cdp_assets.vtex.sync import PRODUCTS, SKUS, sync_catalog, sync_customers
 
 
 def store(account: str, seed: int, customers: int, orders: int, products: int) -> StoreSpec:
-    return StoreSpec(account, seed, customers, orders, products, history_start=date(2026, 10, 1))
+    return StoreSpec(
+        account,
+        seed,
+        customers,
+        orders,
+        products,
+        history_start=months_ago(2),
+        history_end=THIS_MONTH,
+    )
 
 
 SCROLLS = store("mdscroll", 51, customers=3500, orders=40, products=5)  # 4 scroll pages and more

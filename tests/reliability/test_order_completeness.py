@@ -16,27 +16,19 @@ import orjson
 import psycopg
 import pytest
 from click.testing import CliRunner
-from support import evaluate_check, metadata, register, sync, vtex_for
+from support import THIS_MONTH, evaluate_check, metadata, register, sync, vtex_for
 from truth import Comparison, compare
 
 from cdp_assets.cli import main
 from cdp_assets.lib.upsert import upsert_documents
 from cdp_assets.ops.status import collect_status, render_text
-from cdp_assets.partitions import tenants
+from cdp_assets.partitions import month_start, tenants
 from cdp_assets.sandbox import SandboxProcess, StoreSpec
 from cdp_assets.tenants.registry import vtex_orders_available_from
 from cdp_assets.vtex.checks import orders_reconciled_check
 from cdp_assets.vtex.records import order_row
 from cdp_assets.vtex.sync import ORDERS
 
-
-def month_start(moment: datetime, back: int = 0) -> datetime:
-    """The first instant of the month `back` months before `moment`'s."""
-    index = moment.year * 12 + moment.month - 1 - back
-    return datetime(index // 12, index % 12 + 1, 1, tzinfo=UTC)
-
-
-THIS_MONTH = month_start(datetime.now(UTC))
 # Three whole months of about 16 orders each, inside the two years VTEX serves.
 HOSTILE = StoreSpec(
     account="hostile",
