@@ -18,6 +18,7 @@ from cdp_assets.activation.cli import destinations
 from cdp_assets.lib.database import DatabaseUrlError
 from cdp_assets.lib.redaction import redact
 from cdp_assets.lib.warehouse import migrated_url
+from cdp_assets.privacy.cli import privacy
 from cdp_assets.tenants.registry import (
     Tenant,
     TenantError,
@@ -71,6 +72,17 @@ def main() -> None:
 
 
 main.add_command(destinations)
+main.add_command(privacy)
+
+
+@main.command()
+@click.option("--dry-run", is_flag=True, help="Say what would be removed; remove nothing.")
+def maintenance(dry_run: bool) -> None:
+    """Delete the records past their retention and refresh the planner's statistics, as the
+    nightly maintenance job does."""
+    from cdp_assets.ops.maintenance import report_maintenance
+
+    report_maintenance(dry_run)
 
 
 @main.command()
@@ -84,11 +96,13 @@ def demo() -> None:
 @main.command()
 @click.option(
     "--scale",
-    type=click.Choice(["small", "seed", "large"]),
+    type=click.Choice(["small", "seed", "large", "fleet"]),
     default="small",
     show_default=True,
     help="small: 2 tenants, 12k orders (CI smoke test); seed: the old system's load, 41"
-    " tenants, 1M orders; large: 1M customers, 5M orders.",
+    " tenants, 1M orders; large: 1M customers, 5M orders; fleet: the control plane (status,"
+    " the orders schedule's tick, the UI's partition health) at 41 and 400 tenants with a"
+    " year of history.",
 )
 @click.option(
     "--output",
@@ -110,6 +124,14 @@ def bench(scale: str, output: Path, fraction: float, keep_database: bool) -> Non
     """Benchmark every stage (write path, ingestion, analytics, activation, daily increment)
     through the platform's Dagster jobs against the sandboxes, and report against targets."""
     from cdp_assets.bench import run_bench
+
+    if scale == "fleet":
+        from cdp_assets.bench.fleet import run_fleet
+
+        for row in run_fleet(output, echo=click.echo)["targets"]:
+            verdict = "met" if row["met"] else "MISSED"
+            click.echo(f"{verdict:>7}  {row['target']}: {row['value']:.2f} (< {row['limit']:g})")
+        return
 
     report = run_bench(
         scale, output, echo=click.echo, keep_database=keep_database, fraction=fraction
@@ -163,8 +185,17 @@ def pools() -> None:
 @click.option(
     "--tenant", "tenant_ids", multiple=True, metavar="TENANT", help="Only this tenant (repeatable)."
 )
+@click.option(
+    "--all",
+    "every_row",
+    is_flag=True,
+    help="Every tenant's row even when there are many (over 20 tenants the text output is a"
+    " summary: counts by state and the tenants with the most problems).",
+)
 @click.pass_context
-def status(ctx: click.Context, check: bool, as_json: bool, tenant_ids: tuple[str, ...]) -> None:
+def status(
+    ctx: click.Context, check: bool, as_json: bool, tenant_ids: tuple[str, ...], every_row: bool
+) -> None:
     """Per active tenant and asset: last success, staleness, last error; the run queue, the
     operations metrics and the platform's health (daemon, schedules, sensors)."""
     import json
@@ -183,7 +214,8 @@ def status(ctx: click.Context, check: bool, as_json: bool, tenant_ids: tuple[str
             result = collect_status(instance, conn, tenant_ids=tenant_ids)
         except TenantError as error:
             raise click.BadParameter(str(error), param_hint="--tenant") from None
-    click.echo(json.dumps(status_json(result), indent=2) if as_json else render_text(result))
+    text = render_text(result, full=True if every_row else None)
+    click.echo(json.dumps(status_json(result), indent=2) if as_json else text)
     if check and not result.healthy:
         ctx.exit(1)
 

@@ -13,6 +13,7 @@ from cdp_assets.meta.definitions import defs as meta_defs
 from cdp_assets.ops.definitions import defs as ops_defs
 from cdp_assets.ops.freshness import FRESHNESS
 from cdp_assets.ops.status import watched_assets
+from cdp_assets.privacy.definitions import defs as privacy_defs
 from cdp_assets.tenants.definitions import defs as tenants_defs
 from cdp_assets.vtex.definitions import defs as vtex_defs
 
@@ -61,6 +62,7 @@ def build_definitions() -> dg.Definitions:
         google_defs(),
         activation_defs(),
         ops_defs(),
+        privacy_defs(),
     )
     # Each asset links to the code that computes it (dbt models to their SQL as well).
     assets = dg.with_source_code_references(domains.assets or [])

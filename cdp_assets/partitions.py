@@ -24,6 +24,10 @@ def month_start(moment: datetime, back: int = 0) -> datetime:
 # Dagster's run tags for one run over a range of partitions (what a UI backfill sends).
 RANGE_START_TAG = "dagster/asset_partition_range_start"
 RANGE_END_TAG = "dagster/asset_partition_range_end"
+# The tenant of a run over a range of one tenant's months, for the per-tenant run limit of
+# dagster.yaml. Not `dagster/partition/tenant`, which a run of one partition carries: on a
+# range run Dagster would read that tag as the run's (one-dimensional) partition key.
+TENANT_RUN_TAG = "cdp/tenant"
 
 
 def tenant_month_range_tags(tenant_id: str, first_month: str, last_month: str) -> dict[str, str]:
@@ -31,6 +35,7 @@ def tenant_month_range_tags(tenant_id: str, first_month: str, last_month: str) -
     return {
         RANGE_START_TAG: dg.MultiPartitionKey({"tenant": tenant_id, "month": first_month}),
         RANGE_END_TAG: dg.MultiPartitionKey({"tenant": tenant_id, "month": last_month}),
+        TENANT_RUN_TAG: tenant_id,
     }
 
 

@@ -92,6 +92,12 @@ def user_list(url: str, destination_id: str) -> str:
     return name
 
 
+def held(sandbox: GoogleSandbox, name: str) -> set[str]:
+    """The list's members once Google processed everything acknowledged so far."""
+    sandbox.process_pending()
+    return sandbox.members(name)
+
+
 def expected_keys(tenant_id: str, numbers) -> set[str]:
     """The sandbox keys members by their hashed e-mail (Google's gmail rules do not apply)."""
     return {"email:" + sha256_hex(f"cliente.{i}@exemplo.com.br") for i in numbers if i % 10 != 9}
@@ -103,9 +109,9 @@ def test_data_manager_first_push_change_and_unchanged(instance, url, sandbox) ->
     assert first.success
     row = outcome(first)
     assert (row["status"], row["added"], row["unmatchable"]) == ("synced", 270, 30)
-    assert "upload_match_rate_range=MATCH_RATE_RANGE_71_TO_80" in row["match_info"]
+    assert row["pending"] == 270  # acknowledged, not yet processed by Google
     name = user_list(url, "g_dm_google")
-    assert sandbox.members(name) == expected_keys("g_dm", range(300))
+    assert held(sandbox, name) == expected_keys("g_dm", range(300))
     (ingest,) = sandbox.requests("IngestAudienceMembers")
     assert ingest.request["consent"] == {
         "ad_user_data": "CONSENT_GRANTED",
@@ -118,15 +124,19 @@ def test_data_manager_first_push_change_and_unchanged(instance, url, sandbox) ->
         set_members(conn, "g_dm", range(50, 320))
     second = outcome(push(instance, url, sandbox, "g_dm"))
     assert (second["removed"], second["added"]) == (45, 18)
-    assert sandbox.members(name) == expected_keys("g_dm", range(50, 320))
+    # The first request's verdict, read as the second push began.
+    assert "upload_match_rate_range=MATCH_RATE_RANGE_71_TO_80" in second["match_info"]
+    assert held(sandbox, name) == expected_keys("g_dm", range(50, 320))
     (removal,) = sandbox.requests("RemoveAudienceMembers")
     assert len(removal.request["audience_members"]) == 45
 
-    calls = len(sandbox.requests())
     third = outcome(push(instance, url, sandbox, "g_dm"))
     assert (third["added"], third["removed"], third["unchanged"]) == (0, 0, 243)
-    carrying = [c for c in sandbox.requests()[calls:] if c.method.endswith("AudienceMembers")]
-    assert carrying == []
+    assert third["pending"] == 0
+    calls = len(sandbox.requests())
+    fourth = outcome(push(instance, url, sandbox, "g_dm"))
+    assert (fourth["added"], fourth["removed"], fourth["unchanged"]) == (0, 0, 243)
+    assert sandbox.requests()[calls:] == []  # nothing pending, nothing to send: no call
 
 
 def test_data_manager_refused_members_are_set_aside_and_sent_again(instance, url, sandbox) -> None:
@@ -139,11 +149,11 @@ def test_data_manager_refused_members_are_set_aside_and_sent_again(instance, url
     assert [c.code.name for c in ingests] == ["INVALID_ARGUMENT", "OK"]
     assert len(ingests[1].request["audience_members"]) == 134  # the rest, re-sent at once
     name = user_list(url, "g_refused_google")
-    assert "email:" + refused not in sandbox.members(name)
+    assert "email:" + refused not in held(sandbox, name)
     sandbox.clear_faults()
     second = outcome(push(instance, url, sandbox, "g_refused"))
     assert (second["added"], second["unchanged"]) == (1, 134)
-    assert sandbox.members(name) == expected_keys("g_refused", range(150))
+    assert held(sandbox, name) == expected_keys("g_refused", range(150))
 
 
 def test_data_manager_quota_errors_are_retried(instance, url, sandbox) -> None:
@@ -153,7 +163,7 @@ def test_data_manager_quota_errors_are_retried(instance, url, sandbox) -> None:
     assert result.success
     codes = [c.code.name for c in sandbox.requests("IngestAudienceMembers")[-3:]]
     assert codes == ["RESOURCE_EXHAUSTED", "RESOURCE_EXHAUSTED", "OK"]
-    assert sandbox.members(user_list(url, "g_quota_google")) == expected_keys("g_quota", range(150))
+    assert held(sandbox, user_list(url, "g_quota_google")) == expected_keys("g_quota", range(150))
 
 
 def test_data_manager_daily_quota_fails_without_losing_state(instance, url, sandbox) -> None:
@@ -175,6 +185,7 @@ def test_data_manager_full_replace_keeps_re_sent_members(instance, url) -> None:
     with GoogleSandbox(clock=lambda: time.time() - 3600 * hours_ago[0]) as sandbox:
         setup(url, "g_replace", "google_data_manager", range(200))
         assert push(instance, url, sandbox, "g_replace").success
+        sandbox.process_pending()
         hours_ago[0] = 0.0
         with psycopg.connect(url) as conn:
             set_members(conn, "g_replace", range(100, 300))
@@ -184,7 +195,7 @@ def test_data_manager_full_replace_keeps_re_sent_members(instance, url) -> None:
         assert remove_all.request["remove_as_of_time"]
         name = user_list(url, "g_replace_google")
         # Members re-sent by the replace survive the removal as of its start; the rest go.
-        assert sandbox.members(name) == expected_keys("g_replace", range(100, 300))
+        assert held(sandbox, name) == expected_keys("g_replace", range(100, 300))
 
 
 def test_google_ads_jobs_with_partial_failure(instance, url, sandbox) -> None:
@@ -193,8 +204,7 @@ def test_google_ads_jobs_with_partial_failure(instance, url, sandbox) -> None:
     first = push(instance, url, sandbox, "g_ads")
     assert first.success
     row = outcome(first)
-    assert (row["added"], row["rejected"]) == (107, 1)
-    assert "match_rate_range=MATCH_RANGE_71_TO_80" in row["match_info"]
+    assert (row["added"], row["rejected"], row["pending"]) == (107, 1, 107)
     name = user_list(url, "g_ads_google")
     assert sandbox.members(name) == expected_keys("g_ads", range(120)) - expected_keys("g_ads", [5])
     with psycopg.connect(url) as conn:
@@ -207,6 +217,7 @@ def test_google_ads_jobs_with_partial_failure(instance, url, sandbox) -> None:
     sandbox.clear_faults()
     retried = outcome(push(instance, url, sandbox, "g_ads"))
     assert (retried["added"], retried["unchanged"]) == (1, 107)
+    assert "match_rate_range=MATCH_RANGE_71_TO_80" in retried["match_info"]
     assert sandbox.members(name) == expected_keys("g_ads", range(120))
     job = sandbox.requests("CreateOfflineUserDataJob")[0].request
     assert job["job"]["customer_match_user_list_metadata"]["consent"] == {
@@ -234,7 +245,10 @@ def test_google_ads_not_allowlisted_fails_clearly(instance, url, sandbox) -> Non
     assert not result.success
     with psycopg.connect(url) as conn:
         (history,) = runs(conn, "g_denied_google")
-    assert history["status"] == "failed" and "GoogleAdsException" in history["reason"]
+    assert history["status"] == "failed"
+    assert history["reason"].startswith(
+        "GoogleAdsRefusal: not_allowlisted_error=CUSTOMER_NOT_ALLOWLISTED_FOR_THIS_FEATURE"
+    )
 
 
 # A process that loaded the code location, then built a destination's Google client: whether
@@ -303,7 +317,7 @@ def test_a_list_removed_in_google_is_created_again_with_every_member(
     recreated = user_list(url, f"{tenant_id}_google")
     assert recreated != removed
     assert (row["status"], row["added"], row["unchanged"]) == ("synced", 117, 0)
-    assert sandbox.members(recreated) == expected_keys(tenant_id, range(130))
+    assert held(sandbox, recreated) == expected_keys(tenant_id, range(130))
     assert removed in row["reason"] and GONE[platform] in row["reason"]
     assert f"created {recreated}" in row["reason"]
     with psycopg.connect(url) as conn:
@@ -321,6 +335,7 @@ def test_with_recreation_off_a_removed_list_fails_until_reset(
         url, tenant_id, platform, range(120), min_audience_size=10, recreate_deleted_audiences=False
     )
     assert push(instance, url, sandbox, tenant_id).success
+    sandbox.process_pending()
     removed = user_list(url, destination_id)
     lists = len(sandbox.user_lists())
     remove_on_google(sandbox, platform, removed)
@@ -343,7 +358,7 @@ def test_with_recreation_off_a_removed_list_fails_until_reset(
     assert removed in reset.output and "108 confirmed members" in reset.output
     result = push(instance, url, sandbox, tenant_id)
     assert result.success and outcome(result)["added"] == 117
-    assert sandbox.members(user_list(url, destination_id)) == expected_keys(tenant_id, range(130))
+    assert held(sandbox, user_list(url, destination_id)) == expected_keys(tenant_id, range(130))
 
 
 @pytest.mark.timeout(120)

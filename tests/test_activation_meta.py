@@ -26,6 +26,7 @@ from activation_support import (
 )
 from activation_support import push as push_activation
 from click.testing import CliRunner, Result
+from facebook_business.adobjects.adaccount import AdAccount
 from facebook_business.adobjects.customaudience import CustomAudience
 from facebook_business.api import FacebookAdsApi
 from facebook_business.session import FacebookSession
@@ -47,16 +48,18 @@ from cdp_assets.activation.sync import (
     SyncOutcome,
     sync_audience,
 )
+from cdp_assets.lib.outbound import Deadlines
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.meta.assets import meta_custom_audiences
-from cdp_assets.meta.audiences import FORM_PIECE, MetaAudiences, form_encode
+from cdp_assets.meta.audiences import FORM_PIECE, MetaAudiences, MetaError, form_encode
 from cdp_assets.meta.resources import MetaResource
 from cdp_assets.partitions import RANGE_END_TAG, RANGE_START_TAG, tenants
-from cdp_assets.sandbox.meta_graph import MetaSandbox
+from cdp_assets.sandbox.meta_graph import GraphLimits, MetaSandbox
 
 TOKEN_REF = "META_TEST_TOKEN"
 TOKEN = "meta-test-token"
 ACCOUNT = "4242"
+CROWDED_ACCOUNT = "4343"  # an account holding many other audiences
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +71,7 @@ def url():
 @pytest.fixture(scope="module")
 def sandbox():
     os.environ[TOKEN_REF] = TOKEN
-    with MetaSandbox({TOKEN: [ACCOUNT]}) as meta:
+    with MetaSandbox({TOKEN: [ACCOUNT, CROWDED_ACCOUNT]}) as meta:
         yield meta
 
 
@@ -343,7 +346,7 @@ def test_a_refused_batch_fails_the_run_and_keeps_state(instance, url, sandbox) -
     failed = push(instance, url, sandbox, "meta_refused")
     assert not failed.success
     row = outcome(failed)
-    assert row["status"] == "failed" and "code=100" in row["reason"]
+    assert row["status"] == "failed" and row["reason"].startswith("MetaError: code=100 ")
     with psycopg.connect(url) as conn:
         (history,) = runs(conn, "meta_refused_meta")
         assert history["status"] == "failed" and "code=100" in history["reason"]
@@ -854,3 +857,118 @@ def test_a_token_quoted_by_a_graph_error_is_masked_wherever_it_is_written(
     written = [history["reason"], *(e.user_message for e in instance.all_logs(result.run_id))]
     written += [str(e.step_failure_data.error) for e in result.all_events if e.is_step_failure]
     assert not [text for text in written if TOKEN in text]
+
+
+def sent_users(sandbox: MetaSandbox, tenant_id: str) -> int:
+    return len(user_requests(sandbox, tenant_id))
+
+
+def test_a_diff_after_a_full_replace_waits_while_meta_processes_the_replace(
+    instance, url, sandbox
+) -> None:
+    setup(url, "meta_locked", 300, range(150))
+    assert push(instance, url, sandbox, "meta_locked").success
+    sandbox.set_limits(GraphLimits(replace_lock_seconds=3600))  # hours, as in production
+    with psycopg.connect(url) as conn:
+        set_members(conn, "meta_locked", range(100, 260))
+    replaced = push(instance, url, sandbox, "meta_locked", full_replace=True, force=True)
+    assert outcome(replaced)["status"] == "synced"
+    sent = sent_users(sandbox, "meta_locked")
+    with psycopg.connect(url) as conn:
+        set_members(conn, "meta_locked", range(100, 290))
+    waiting = push(instance, url, sandbox, "meta_locked")
+    assert waiting.success
+    row = outcome(waiting)
+    assert row["status"] == "skipped" and "Replace in progress" in row["reason"], row
+    assert sent_users(sandbox, "meta_locked") == sent  # nothing sent, nothing refused
+    assert member_keys(sandbox, "meta_locked") == matchable("meta_locked", range(100, 260))
+
+
+def test_a_2650_met_anyway_is_waited_out_not_a_failure(url, sandbox) -> None:
+    meta = MetaAudiences(ACCOUNT, TOKEN, graph_url=sandbox.graph_url, retry_base_seconds=0.05)
+    destination = setup(url, "meta_raced", 10, range(10))
+    platform_id = meta.ensure_audience(DestinationAudience(destination, AUDIENCE, {}, None))
+    row = ["meta_raced-1", "", "", "", "", ""]
+    meta.replace(platform_id, [[row]])  # processed for 0.2 s by default
+    meta.add(platform_id, [["meta_raced-2", "", "", "", "", ""]])
+    answers = [
+        r.status for r in sandbox.requests(f"/{platform_id}/users") if "replace" not in r.path
+    ]
+    assert answers[0] == 400 and answers[-1] == 200 and meta.retries == len(answers) - 1
+    assert {m["EXTERN_ID"] for m in sandbox.members(platform_id)} == {
+        "meta_raced-1",
+        "meta_raced-2",
+    }
+    # A replace Meta is still processing hours later: the failure says so, code first.
+    sandbox.set_limits(GraphLimits(replace_lock_seconds=3600))
+    meta.replace(platform_id, [[row]])
+    quick = MetaAudiences(
+        ACCOUNT, TOKEN, graph_url=sandbox.graph_url, attempts=2, retry_base_seconds=0.01
+    )
+    with pytest.raises(MetaError, match=r"^code=2650 subcode=1870145 HTTP 400: Audience update"):
+        quick.add(platform_id, [["meta_raced-3", "", "", "", "", ""]])
+    assert "Replace in progress" in (quick.busy(platform_id) or "")
+
+
+def test_an_audience_on_the_third_page_of_a_crowded_account_is_found_not_duplicated(
+    instance, url, sandbox
+) -> None:
+    session = FacebookSession(access_token=TOKEN)
+    session.GRAPH = sandbox.graph_url
+    account = AdAccount(f"act_{CROWDED_ACCOUNT}", api=FacebookAdsApi(session))
+    create = {"subtype": "CUSTOM", "customer_file_source": "USER_PROVIDED_ONLY"}
+    for n in range(52):
+        account.create_custom_audience(params={"name": f"other {n}", **create})
+    ours = account.create_custom_audience(params={"name": f"meta_crowded: {AUDIENCE}", **create})
+    for n in range(52, 59):
+        account.create_custom_audience(params={"name": f"other {n}", **create})
+    destination = Destination(
+        "meta_crowded_meta",
+        "meta_crowded",
+        "meta",
+        CROWDED_ACCOUNT,
+        credential_refs={"access_token": TOKEN_REF},
+    )
+    with psycopg.connect(url) as conn:  # the audience's id is not known here: it was lost
+        add_tenant_with_customers(conn, "meta_crowded", 200)
+        set_members(conn, "meta_crowded", range(200))
+        register_destination(conn, destination)
+    assert push(instance, url, sandbox, "meta_crowded").success
+    audiences = sandbox.audiences(CROWDED_ACCOUNT)
+    assert len(audiences) == 60
+    assert {row["EXTERN_ID"] for row in sandbox.members(ours["id"])} == matchable(
+        "meta_crowded", range(200)
+    )
+    listings = [
+        r for r in sandbox.requests(f"/act_{CROWDED_ACCOUNT}/customaudiences") if r.method == "GET"
+    ]
+    assert len(listings) == 3
+
+
+def crowded_meta(sandbox: MetaSandbox, **settings) -> MetaAudiences:
+    return MetaAudiences(ACCOUNT, TOKEN, graph_url=sandbox.graph_url, **settings)
+
+
+def test_a_push_near_the_rate_limit_slows_down_instead_of_being_throttled(url, sandbox) -> None:
+    destination = setup(url, "meta_paced", 10, range(10))
+    meta = crowded_meta(sandbox, pace_seconds=1.0, retry_base_seconds=0.01)
+    platform_id = meta.ensure_audience(DestinationAudience(destination, AUDIENCE, {}, None))
+    sandbox.set_limits(GraphLimits(calls_per_window=10, window_seconds=1.0, throttle_seconds=600))
+    for n in range(15):
+        meta.add(platform_id, [[f"meta_paced-{n}", "", "", "", "", ""]])
+    answers = [r.status for r in sandbox.requests(f"/{platform_id}/users")]
+    assert answers == [200] * 15 and meta.retries == 0
+    assert meta.paced_seconds > 0
+    assert len(sandbox.members(platform_id)) == 15
+
+
+def test_a_throttled_account_waits_as_long_as_meta_says_or_fails_at_once(url, sandbox) -> None:
+    destination = setup(url, "meta_throttled", 10, range(10))
+    meta = crowded_meta(sandbox, retry_base_seconds=0.01, deadlines=Deadlines(total_seconds=30))
+    platform_id = meta.ensure_audience(DestinationAudience(destination, AUDIENCE, {}, None))
+    sandbox.set_limits(GraphLimits(calls_per_window=5, throttle_seconds=300))
+    sandbox.use(ACCOUNT, 5)
+    with pytest.raises(MetaError, match=r"^code=80003 .*a wait of 300 s, past this call's"):
+        meta.add(platform_id, [["meta_throttled-1", "", "", "", "", ""]])
+    assert meta.retries == 0  # not six blind retries into a throttle that lasts minutes
+    assert len(sandbox.requests(f"/{platform_id}/users")) == 1

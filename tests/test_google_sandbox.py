@@ -237,7 +237,9 @@ def error_code(error: GoogleAdsError) -> tuple[str, str]:
 
 @pytest.fixture(scope="module")
 def sandbox() -> Iterator[GoogleSandbox]:
-    with GoogleSandbox() as running:
+    """Data Manager requests processed by the next call (the asynchronous processing has its
+    own tests)."""
+    with GoogleSandbox(processing_seconds=0) as running:
         yield running
 
 
@@ -722,9 +724,10 @@ def test_ads_customer_match_flow(sandbox: GoogleSandbox, ads: Ads):
     assert sandbox.members(user_list) == set()  # staged, not applied before the run
 
     operation = ads.jobs.run_offline_user_data_job(resource_name=job, retry=None, timeout=TIMEOUT)
-    assert sandbox.members(user_list) == {f"email:{good[0]}", f"email:{good[1]}"}
+    assert sandbox.members(user_list) == set()  # applied when the job succeeds
     assert job_row(ads, job).status.name == "RUNNING"  # the one RUNNING read
     assert operation.done(retry=None)
+    assert sandbox.members(user_list) == {f"email:{good[0]}", f"email:{good[1]}"}
     operation.result(timeout=TIMEOUT)
     assert operation.metadata.match_rate_range.name == "MATCH_RANGE_71_TO_80"
     finished = job_row(ads, job)
@@ -820,7 +823,8 @@ def test_ads_replace_with_remove_all_and_operation_rules(sandbox: GoogleSandbox,
     user_list = create_ads_list(ads)
     first = create_job(ads, user_list)
     add_operations(ads, first, [create_op(sha("old@example.com")), create_op(sha("x@y.z"))])
-    ads.jobs.run_offline_user_data_job(resource_name=first, retry=None, timeout=TIMEOUT)
+    first_run = ads.jobs.run_offline_user_data_job(resource_name=first, retry=None, timeout=TIMEOUT)
+    first_run.result(timeout=TIMEOUT)  # no second job runs on the list before it ends
 
     replace = create_job(ads, user_list)
     remove_all = job_types.OfflineUserDataJobOperation(remove_all=True)
@@ -839,7 +843,10 @@ def test_ads_replace_with_remove_all_and_operation_rules(sandbox: GoogleSandbox,
         ("CONFLICTING_OPERATION", 2),
         ("INVALID_OPERATION_ORDER", 3),
     ]
-    ads.jobs.run_offline_user_data_job(resource_name=replace, retry=None, timeout=TIMEOUT)
+    replacing = ads.jobs.run_offline_user_data_job(
+        resource_name=replace, retry=None, timeout=TIMEOUT
+    )
+    replacing.result(timeout=TIMEOUT)
     assert sandbox.members(user_list) == {f"email:{sha('new@example.com')}"}
 
 
@@ -965,7 +972,9 @@ def test_ads_faults_the_interceptor_leaves_raw(
             ads.jobs.run_offline_user_data_job(resource_name=job, retry=None, timeout=TIMEOUT)
         assert not isinstance(raised.value, GoogleAdsException)
     assert sandbox.members(user_list) == set()
-    ads.jobs.run_offline_user_data_job(resource_name=job, retry=None, timeout=TIMEOUT)
+    ads.jobs.run_offline_user_data_job(resource_name=job, retry=None, timeout=TIMEOUT).result(
+        timeout=TIMEOUT
+    )
     assert sandbox.members(user_list) == {f"email:{sha('q@example.com')}"}
 
 
@@ -998,3 +1007,47 @@ def test_recorded_calls_time_their_handling(sandbox: GoogleSandbox, ads: Ads):
     assert 0 <= call.seconds <= time.perf_counter() - started
     assert call.service == "google.ads.googleads.v26.services.GoogleAdsService"
     assert call.request == {"customer_id": ACCOUNT, "query": "SELECT user_list.id FROM user_list"}
+
+
+def test_ads_a_second_job_cannot_run_on_a_list_while_one_runs(ads: Ads):
+    user_list = create_ads_list(ads)
+    first, second = create_job(ads, user_list), create_job(ads, user_list)
+    add_operations(ads, first, [create_op(sha("one@example.com"))])
+    add_operations(ads, second, [create_op(sha("two@example.com"))])
+    running = ads.jobs.run_offline_user_data_job(resource_name=first, retry=None, timeout=TIMEOUT)
+    with pytest.raises(GoogleAdsException) as raised:
+        ads.jobs.run_offline_user_data_job(resource_name=second, retry=None, timeout=TIMEOUT)
+    assert [error_code(e) for e in raised.value.failure.errors] == [
+        ("database_error", "CONCURRENT_MODIFICATION")
+    ]
+    running.result(timeout=TIMEOUT)
+    ads.jobs.run_offline_user_data_job(resource_name=second, retry=None, timeout=TIMEOUT)
+
+
+def dm_status(client: DataManager, request_id: str) -> dm.RequestStatusPerDestination:
+    (per_destination,) = client.ingestion.retrieve_request_status(
+        request={"request_id": request_id}, retry=None, timeout=TIMEOUT
+    ).request_status_per_destination
+    return per_destination
+
+
+def test_dm_requests_are_processed_after_their_acknowledgement():
+    """Google processes an acknowledged request later, and records can fail then
+    (https://developers.google.com/data-manager/api/devguides/diagnostics)."""
+    with GoogleSandbox(processing_seconds=3600) as slow:
+        client = next(datamanager.__wrapped__(slow))
+        user_list = create_dm_list(client)
+        slow.fail_in_processing([sha("late@example.com")])
+        members = [email_member("ok@example.com"), email_member("late@example.com")]
+        request_id = ingest(client, ingest_request(user_list, members))
+        assert dm_status(client, request_id).request_status.name == "PROCESSING"
+        assert slow.members(user_list.id) == set()
+        slow.process_pending()
+        done = dm_status(client, request_id)
+        assert done.request_status.name == "PARTIAL_SUCCESS"
+        (count,) = done.error_info.error_counts
+        assert (count.record_count, count.reason.name) == (
+            1,
+            "PROCESSING_ERROR_REASON_INVALID_FORMAT",
+        )
+        assert slow.members(user_list.id) == {f"email:{sha('ok@example.com')}"}

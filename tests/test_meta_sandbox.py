@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import orjson
 import pytest
 import requests
 from facebook_business.adobjects.adaccount import AdAccount
@@ -22,12 +23,14 @@ from facebook_business.exceptions import FacebookRequestError
 from facebook_business.session import FacebookSession
 
 from cdp_assets.sandbox import META_FAULT_KINDS, MetaSandbox
+from cdp_assets.sandbox.meta_graph import GraphLimits
 
 TOKEN = "sandbox-token"
 OTHER_TOKEN = "other-token"
 ACCOUNT = "act_1001"
 OTHER_ACCOUNT = "act_2002"
 CAP_ACCOUNT = "3003"  # only the audience-cap test creates audiences here
+PAGED_ACCOUNT = "5005"  # only the paging test creates audiences here
 SCHEMA = ["EXTERN_ID", "EMAIL", "PHONE", "FN", "COUNTRY"]
 CREATE = {"subtype": "CUSTOM", "customer_file_source": "USER_PROVIDED_ONLY"}
 
@@ -57,7 +60,7 @@ def graph_api(sandbox: MetaSandbox, token: str | None = TOKEN, version: str | No
 
 @pytest.fixture(scope="module")
 def sandbox() -> Iterator[MetaSandbox]:
-    tokens = {TOKEN: [ACCOUNT, CAP_ACCOUNT], OTHER_TOKEN: [OTHER_ACCOUNT]}
+    tokens = {TOKEN: [ACCOUNT, CAP_ACCOUNT, PAGED_ACCOUNT], OTHER_TOKEN: [OTHER_ACCOUNT]}
     with MetaSandbox(tokens) as running:
         yield running
 
@@ -447,10 +450,44 @@ def test_replace_session_swaps_membership_on_the_last_batch(
     last = replace(audience, people(8, 9), session_id=77, seq=3, last=True)
     assert last["num_received"] == 8
     assert extern_ids(sandbox, audience) == {f"cust-{n}" for n in range(3, 9)}
+    # Meta processes the replace after its last batch: the audience stays locked meanwhile.
+    assert operation_status(audience)["description"] == "Replace in progress"
+    error = graph_error(lambda: add(audience, people(9, 10)))
+    assert (error.api_error_code(), error.api_error_subcode()) == (2650, 1870145)
+    wait_until_normal(audience)
     node = audience.api_get(fields=["operation_status", "approximate_count_lower_bound"])
     assert node["operation_status"]["code"] == 200 and node["approximate_count_lower_bound"] == 6
     add(audience, people(9, 10))  # /users works again
     assert len(sandbox.members(audience["id"])) == 7
+
+
+def operation_status(audience: CustomAudience) -> dict[str, Any]:
+    return audience.api_get(fields=["operation_status"])["operation_status"]
+
+
+def wait_until_normal(audience: CustomAudience) -> None:
+    deadline = time.monotonic() + 10
+    while operation_status(audience)["code"] != 200:
+        assert time.monotonic() < deadline, "the replace was never processed"
+        time.sleep(0.05)
+
+
+def test_a_replace_locks_the_audience_as_long_as_meta_processes_it(
+    sandbox: MetaSandbox, audience: CustomAudience
+) -> None:
+    sandbox.set_limits(GraphLimits(replace_lock_seconds=3600))  # hours, as in production
+    add(audience, people(0, 3))
+    replace(audience, people(5, 7), session_id=91, seq=1, last=True)
+    time.sleep(0.5)
+    assert dict(operation_status(audience)) == {"code": 300, "description": "Replace in progress"}
+    for remove in (False, True):
+        method = {"method": "DELETE"} if remove else {}
+        error = graph_error(lambda m=method: add(audience, people(5, 6), **m))
+        assert (error.api_error_code(), error.api_error_subcode()) == (2650, 1870145)
+    # Nor may another replace start before this one is done.
+    error = graph_error(lambda: replace(audience, people(0, 1), 92, seq=1, last=True))
+    assert (error.api_error_code(), error.api_error_subcode()) == (2650, 1870145)
+    assert extern_ids(sandbox, audience) == {"cust-5", "cust-6"}
 
 
 def test_replace_session_protocol_errors(sandbox: MetaSandbox, audience: CustomAudience) -> None:
@@ -545,3 +582,56 @@ def test_concurrent_uploads_lose_nothing(sandbox: MetaSandbox, audience: CustomA
         thread.join()
     assert len(sandbox.members(audience["id"])) == 2000
     assert [r.status for r in sandbox.requests("/users")] == [200] * 20
+
+
+# ----- paging and rate limits ------------------------------------------------------------------
+
+
+def test_audience_listings_are_paged_25_at_a_time(
+    sandbox: MetaSandbox, api: FacebookAdsApi
+) -> None:
+    account = AdAccount(f"act_{PAGED_ACCOUNT}", api=api)
+    for n in range(60):
+        account.create_custom_audience(params={"name": f"paged {n}", **CREATE})
+    path = f"/act_{PAGED_ACCOUNT}/customaudiences"
+    first = requests.get(
+        f"{sandbox.graph_url}/v21.0{path}", params={"access_token": TOKEN, "fields": "name"}
+    ).json()
+    assert [a["name"] for a in first["data"]] == [f"paged {n}" for n in range(25)]
+    assert first["paging"]["next"].startswith(f"{sandbox.graph_url}/v21.0{path}?")
+    last = requests.get(first["paging"]["next"], params={"access_token": TOKEN, "limit": 50}).json()
+    assert [a["name"] for a in last["data"]] == [f"paged {n}" for n in range(25, 60)]
+    assert "next" not in last["paging"]  # the last page
+    # The SDK's cursor follows the pages to the end.
+    listed = account.get_custom_audiences(fields=["name"])
+    assert [a["name"] for a in listed] == [f"paged {n}" for n in range(60)]
+
+
+def usage_headers(response: requests.Response) -> tuple[dict[str, Any], dict[str, Any]]:
+    business = response.headers["X-Business-Use-Case-Usage"]
+    return orjson.loads(business), orjson.loads(response.headers["X-Ad-Account-Usage"])
+
+
+def test_usage_is_reported_and_past_100_percent_the_account_is_throttled_for_minutes(
+    sandbox: MetaSandbox, audience: CustomAudience
+) -> None:
+    sandbox.set_limits(GraphLimits(calls_per_window=10, window_seconds=3600, throttle_seconds=300))
+    url = f"{sandbox.graph_url}/v21.0/{audience['id']}"
+    read = {"access_token": TOKEN, "fields": "name"}
+    sandbox.use(ACCOUNT, 6)
+    answer = requests.get(url, params=read)
+    business, account = usage_headers(answer)
+    (usage,) = business[ACCOUNT.removeprefix("act_")]
+    assert answer.status_code == 200 and usage["type"] == "custom_audience"
+    assert usage["call_count"] == 70 and usage["estimated_time_to_regain_access"] == 0
+    assert account["acc_id_util_pct"] == 70
+    for _ in range(3):
+        assert requests.get(url, params=read).status_code == 200
+    over = requests.get(url, params=read)  # the 11th call of the window
+    assert over.json()["error"]["code"] == 80003
+    (usage,) = usage_headers(over)[0][ACCOUNT.removeprefix("act_")]
+    assert usage["call_count"] == 100 and usage["estimated_time_to_regain_access"] == 5
+    # Every call on the account is refused while the throttle lasts, adds included.
+    error = graph_error(lambda: add(audience, people(0, 1)))
+    assert error.api_error_code() == 80003
+    assert extern_ids(sandbox, audience) == set()

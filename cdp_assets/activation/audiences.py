@@ -56,13 +56,25 @@ def require_audience(views: set[str], audience: str) -> None:
 NORMALIZATION_VERSION = "2"  # 2: names re-composed (NFC) after dropping symbols
 
 
+# Members a destination may receive under its consent policy (destinations.CONSENT_POLICIES),
+# from the customer's latest Master Data newsletter choice (NULL: no CL document).
+CONSENTED = {
+    "none": sql.SQL("true"),
+    "newsletter_opt_in": sql.SQL("c.is_newsletter_opt_in IS TRUE"),
+    "not_opted_out": sql.SQL("c.is_newsletter_opt_in IS DISTINCT FROM false"),
+}
+
+
 def audience_members(
     conn: psycopg.Connection,
     target: DestinationAudience,
     default_country: str,
     build_row: RowBuilder,
 ) -> MemberSource:
-    """One tenant's audience, keyed by customer_key. A member whose inputs are unchanged
+    """One tenant's audience, keyed by customer_key, without the people suppressed in the
+    tenant (cdp.privacy_suppressions, matched on the hashes of the customer's normalized
+    e-mail, phone and document) and those the destination's consent policy leaves out: a
+    member who becomes either is removed by the next sync. A member whose inputs are unchanged
     since the destination confirmed it keeps its confirmed row, in the database; the others
     are read, normalized and hashed.
 
@@ -77,10 +89,17 @@ def audience_members(
                            c.first_name, c.last_name, c.country)::text) AS source_fingerprint
             FROM audiences.{audience} a
             JOIN marts.customers c USING (tenant_id, customer_key)
-            WHERE a.tenant_id = %(tenant_id)s
+            WHERE a.tenant_id = %(tenant_id)s AND {consented}
+              AND NOT EXISTS (SELECT FROM cdp.privacy_suppressions s
+                              WHERE s.tenant_id = a.tenant_id
+                                AND s.identifier_sha256 IN (c.email_sha256, c.phone_sha256,
+                                    encode(sha256(convert_to(c.document, 'UTF8')), 'hex')))
         )
         """
-    ).format(audience=sql.Identifier(target.audience))
+    ).format(
+        audience=sql.Identifier(target.audience),
+        consented=CONSENTED[target.destination.consent_policy],
+    )
     confirmed_match = sql.SQL(
         """
         confirmed.destination_id = %(destination_id)s

@@ -18,6 +18,7 @@ from cdp_assets.activation.destinations import (
     destination_exists,
     forget_platform_state,
 )
+from cdp_assets.activation.sync import abandon_requests
 from cdp_assets.lib.ages import format_age
 from cdp_assets.lib.warehouse import migrated_url
 from cdp_assets.tenants.registry import SLUG
@@ -62,18 +63,21 @@ def destinations_list() -> None:
         rows = conn.execute(
             """
             SELECT d.destination_id, d.tenant_id, d.platform, d.account_id, d.active, d.dry_run,
-                   d.recreate_deleted_audiences,
+                   d.recreate_deleted_audiences, d.consent_policy,
                    string_agg(a.audience || CASE WHEN a.active THEN '' ELSE ' (off)' END, ', '
                               ORDER BY a.audience)
             FROM cdp.destinations d LEFT JOIN cdp.destination_audiences a USING (destination_id)
-            GROUP BY 1, 2, 3, 4, 5, 6, 7 ORDER BY 2, 1
+            GROUP BY 1, 2, 3, 4, 5, 6, 7, 8 ORDER BY 2, 1
             """
         ).fetchall()
     click.echo(f"{'destination':<30}{'tenant':<14}{'platform':<22}{'account':<14}  audiences")
-    for destination_id, tenant_id, platform, account, active, dry_run, recreate, audiences in rows:
+    for row in rows:
+        destination_id, tenant_id, platform, account, active, dry_run, recreate, consent = row[:8]
+        audiences = row[8]
         flags = "" if active else " [inactive]"
         flags += " [dry run]" if dry_run else ""
         flags += "" if recreate else " [deleted audiences not recreated]"
+        flags += "" if consent == "none" else f" [consent: {consent}]"
         click.echo(
             f"{destination_id:<30}{tenant_id:<14}{platform:<22}{account:<14}"
             f"  {audiences or '-'}{flags}"
@@ -222,6 +226,7 @@ def destinations_reset(destination_id: str, audience: str | None) -> None:
     with _connect() as conn:
         _require_destination(conn, destination_id)
         forgotten = forget_platform_state(conn, destination_id, audience)
+        abandon_requests(conn, destination_id, audience, "forgotten by cdp destinations reset")
         if audience is not None and not forgotten:
             raise click.ClickException(
                 f"destination {destination_id!r} has no audience {audience!r}"
@@ -243,29 +248,52 @@ def destinations_reset(destination_id: str, audience: str | None) -> None:
 @click.option("--limit", default=20, show_default=True)
 def destinations_history(destination_id: str | None, limit: int) -> None:
     """The latest syncs (cdp.activation_runs), newest first, with their age; a sync still
-    running says for how long."""
+    running says for how long. `pending`: members sent that await the platform's verdict
+    (added and removed are what it acknowledged). Then the platform's requests still awaiting
+    a verdict."""
     with _connect() as conn:
         if destination_id is not None:
             _require_destination(conn, destination_id)
         rows = conn.execute(
             """
             SELECT started_at, now() - started_at, destination_id, audience, status, added,
-                   removed, unchanged, rejected, coalesce(reason, '')
+                   removed, unchanged, rejected, pending, coalesce(reason, '')
             FROM cdp.activation_runs
             WHERE %(destination)s::text IS NULL OR destination_id = %(destination)s
             ORDER BY activation_run_id DESC LIMIT %(limit)s
             """,
             {"destination": destination_id, "limit": limit},
         ).fetchall()
+        awaiting = conn.execute(
+            """
+            SELECT r.destination_id, r.audience, r.platform_request_id, r.operation,
+                   min(r.sent_at), now() - min(r.sent_at),
+                   (SELECT count(*) FROM cdp.destination_members m
+                    WHERE m.pending_request = ANY(array_agg(r.request_id)))
+                   + sum(jsonb_array_length(r.members))
+            FROM cdp.destination_requests r
+            WHERE r.status = 'pending'
+              AND (%(destination)s::text IS NULL OR r.destination_id = %(destination)s)
+            GROUP BY 1, 2, 3, 4 ORDER BY 5
+            """,
+            {"destination": destination_id},
+        ).fetchall()
     click.echo(
         f"{'started':<17}{'age':>7}  {'destination':<28}{'audience':<30}{'status':<10}"
-        f"{'added':>7}{'removed':>8}{'unchanged':>10}{'rejected':>9}  reason"
+        f"{'added':>7}{'removed':>8}{'unchanged':>10}{'rejected':>9}{'pending':>8}  reason"
     )
     for started, age, dest, audience, status, *counts, reason in rows:
         if status == "running":
             reason = f"running for {format_age(age)}"
         click.echo(
             f"{started:%Y-%m-%d %H:%M}{format_age(age):>8}  {dest:<28}{audience:<30}{status:<10}"
-            + "".join(f"{c:>{w}}" for c, w in zip(counts, (7, 8, 10, 9), strict=True))
+            + "".join(f"{c:>{w}}" for c, w in zip(counts, (7, 8, 10, 9, 8), strict=True))
             + f"  {reason[:80]}"
         )
+    if awaiting:
+        click.echo(f"\n{len(awaiting)} requests awaiting the platform's verdict:")
+        for dest, audience, request, operation, sent, age, members in awaiting:
+            click.echo(
+                f"{sent:%Y-%m-%d %H:%M}{format_age(age):>8}  {dest:<28}{audience:<30}"
+                f"{operation:<7}{members:>8} members  {request}"
+            )

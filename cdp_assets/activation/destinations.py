@@ -19,6 +19,9 @@ from cdp_assets.tenants.registry import ENV_REF, SLUG
 
 PLATFORMS = ("meta", "google_data_manager", "google_ads", "vtex_collections")
 CONSENT = ("GRANTED", "DENIED", "UNSPECIFIED")
+# Whose data a destination may receive, from the customer's Master Data newsletter choice:
+# everyone in the audience, only those who opted in, or everyone but those who opted out.
+CONSENT_POLICIES = ("none", "newsletter_opt_in", "not_opted_out")
 # Roles each platform needs; values are environment variable names. Meta also takes
 # `app_secret`: given, every call carries `appsecret_proof`, which an app with "Require App
 # Secret" on demands.
@@ -51,6 +54,7 @@ class Destination:
     # An audience deleted on the platform is created again with every member; off, its sync
     # fails naming the cause until `cdp destinations reset`.
     recreate_deleted_audiences: bool = True
+    consent_policy: str = "none"
 
     def validate(self) -> None:
         problems = []
@@ -83,6 +87,8 @@ class Destination:
                 "Google needs the consent the members gave (--consent granted or denied):"
                 " unspecified consent is treated as refused for EEA users"
             )
+        if self.consent_policy not in CONSENT_POLICIES:
+            problems.append(f"consent policy must be one of {', '.join(CONSENT_POLICIES)}")
         if self.min_audience_size < 0 or not 0 <= self.max_removal_share <= 1:
             problems.append("min_audience_size must be >= 0 and max_removal_share in [0, 1]")
         if problems:
@@ -113,7 +119,7 @@ class DestinationAudience:
 _COLUMNS = (
     "destination_id, tenant_id, platform, account_id, login_account_id, credential_refs,"
     " ad_user_data_consent, ad_personalization_consent, min_audience_size, max_removal_share,"
-    " dry_run, active, recreate_deleted_audiences"
+    " dry_run, active, recreate_deleted_audiences, consent_policy"
 )
 _COLUMN_COUNT = len(_COLUMNS.split(","))
 
@@ -125,12 +131,16 @@ def _destination(row: tuple[Any, ...]) -> Destination:
 
 
 def add_destination(conn: psycopg.Connection, destination: Destination) -> None:
-    """Insert or update a destination (by id) after validating it."""
+    """Insert or update a destination (by id) after validating it. An update keeps the
+    destination's consent policy: only `set_consent_policy` changes it, so saving a destination
+    again never widens whom it receives."""
     destination.validate()
     values = [getattr(destination, name.strip()) for name in _COLUMNS.split(",")]
     values[5] = Jsonb(destination.credential_refs)
     updates = ", ".join(
-        f"{name.strip()} = excluded.{name.strip()}" for name in _COLUMNS.split(",")[1:]
+        f"{name.strip()} = excluded.{name.strip()}"
+        for name in _COLUMNS.split(",")[1:]
+        if name.strip() != "consent_policy"
     )
     conn.execute(
         f"INSERT INTO cdp.destinations ({_COLUMNS})"
@@ -192,6 +202,28 @@ def set_platform_audience_id(
         " WHERE destination_id = %s AND audience = %s",
         (platform_audience_id, destination_id, audience),
     )
+
+
+def get_destination(conn: psycopg.Connection, destination_id: str) -> Destination:
+    row = conn.execute(
+        f"SELECT {_COLUMNS} FROM cdp.destinations WHERE destination_id = %s", (destination_id,)
+    ).fetchone()
+    if row is None:
+        raise DestinationError(f"no destination {destination_id[:80]!r}")
+    return _destination(row)
+
+
+def set_consent_policy(conn: psycopg.Connection, destination_id: str, policy: str) -> None:
+    """Whose data the destination may receive (CONSENT_POLICIES); the next sync removes the
+    members the policy leaves out. Not committed."""
+    if policy not in CONSENT_POLICIES:
+        raise DestinationError(f"consent policy must be one of {', '.join(CONSENT_POLICIES)}")
+    if not conn.execute(
+        "UPDATE cdp.destinations SET consent_policy = %s, updated_at = now()"
+        " WHERE destination_id = %s",
+        (policy, destination_id),
+    ).rowcount:
+        raise DestinationError(f"no destination {destination_id[:80]!r}")
 
 
 def destination_exists(conn: psycopg.Connection, destination_id: str) -> bool:

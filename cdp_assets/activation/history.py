@@ -18,8 +18,7 @@ from psycopg.types.json import Jsonb
 
 FINISHED = (dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED)
 # A row without a Dagster run the instance knows (a sync run outside Dagster, or a run since
-# deleted) is taken as abandoned once open this long: longer than any sync lasts (one Google
-# Ads job may take six hours).
+# deleted) is taken as abandoned once open this long: longer than any sync lasts.
 UNTRACKED_HOURS = 24
 
 

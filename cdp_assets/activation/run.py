@@ -74,11 +74,13 @@ OUTCOME_COLUMNS = [
     dg.TableColumn("removed", "int"),
     dg.TableColumn("unchanged", "int"),
     dg.TableColumn("rejected", "int"),
+    dg.TableColumn("pending", "int"),
     dg.TableColumn("requests", "int"),
     dg.TableColumn("seconds", "float"),
     dg.TableColumn("match_info", "string"),
 ]
-TOTALS = ("desired", "added", "removed", "unchanged", "rejected", "requests")
+# pending: members sent that await the platform's verdict (not confirmed yet).
+TOTALS = ("desired", "added", "removed", "unchanged", "rejected", "pending", "requests")
 STATUSES = ("synced", "dry_run", "skipped", "refused", "failed")
 TENANT_COLUMNS = [
     dg.TableColumn("tenant_id", "string"),
@@ -150,6 +152,7 @@ def tenant_summaries(outcomes: list[SyncOutcome], tenant_of: dict[str, str]) -> 
             f"{tenant_id}: {tally['destination_audiences']} destination audiences ({statuses}),"
             f" +{tally['added']} -{tally['removed']} ={tally['unchanged']}"
             f" rejected {tally['rejected']}"
+            + (f", {tally['pending']} awaiting the platform's verdict" if tally["pending"] else "")
         )
     return lines
 

@@ -8,9 +8,19 @@ confirmed) with both and sets aside those to remove, so the unchanged majority o
 is read once and never copied. Only removals and additions are sent, in the platform's batch
 size, removals first (a changed member is a removal of its old row and an addition of its
 new one, and a platform keyed on the external id must not drop the new row). State is
-committed after each batch the platform confirmed, so a run cut short resumes where it
+committed after each batch the platform answered, so a run cut short resumes where it
 stopped, and members the platform rejected stay out of the state: the next run sends them
-again. A full replace copies the unchanged members too, as it sends everyone.
+again. A full replace copies the unchanged members too, as it sends everyone, and records the
+members it refused as rejected just the same.
+
+Confirmation is what the platform confirmed. A platform that acknowledges a batch and processes
+it later (`AsynchronousPlatform`: Data Manager's requests, a Google Ads job) names its request;
+the members it carries are held in the state under that request (`cdp.destination_requests`),
+so they are not sent twice, but are pending, not confirmed. Each sync of the audience first
+asks the platform for the verdicts of its pending requests: a success confirms their members, a
+failure takes them out of the state as rejects (sent again) and puts back the members of a
+failed removal (the platform still holds them). The audience's signature is stored only once
+nothing is pending or rejected, so the audience is pushed again until it is.
 
 An audience deleted on the platform (its adapter raises `AudienceGone`) is forgotten with
 the state it held, created again and sent every member, within the same sync; a destination
@@ -23,7 +33,7 @@ import hashlib
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import psycopg
 from psycopg import sql
@@ -41,10 +51,33 @@ Row = list[str]
 
 @dataclass
 class BatchResult:
-    """What the platform said about one batch: rejected rows by index in the batch."""
+    """What the platform said about one batch: rejected rows by index in the batch, and the
+    requests it acknowledged without having processed them: (the platform's request id, how
+    many accepted rows it carries), covering the accepted rows in order. Accepted rows that no
+    pending request carries are confirmed."""
 
     rejected: dict[int, str] = field(default_factory=dict)
     requests: int = 1
+    pending: list[tuple[str, int]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A platform's final word on a request it had acknowledged: `failed` is None when it
+    applied every member, else why the request, or records of it, failed. A platform that
+    counts failed records without naming them (Data Manager) fails the whole request: every
+    member of it is then taken as not applied, and sent again."""
+
+    failed: str | None = None
+
+
+class PlatformError(Exception):
+    """A platform's refusal with its own error code, told before the message so that a
+    shortened reason never loses it."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code, self.message = code, message
 
 
 class AudienceGone(Exception):
@@ -83,6 +116,22 @@ class Platform(Protocol):
         ...
 
 
+@runtime_checkable
+class AsynchronousPlatform(Platform, Protocol):
+    """A platform that acknowledges batches and processes them later; `BatchResult.pending`
+    names its requests."""
+
+    def submit(self, platform_id: str) -> int:
+        """Start processing what the batches of this sync staged for the audience (a Google
+        Ads job holding every batch is run once); returns the requests it took."""
+        ...
+
+    def request_verdicts(self, request_ids: list[str]) -> dict[str, Verdict]:
+        """The verdicts of those requests the platform has finished; the others are still
+        being processed."""
+        ...
+
+
 @dataclass
 class SyncOptions:
     dry_run: bool = False
@@ -104,6 +153,7 @@ class SyncOutcome:
     removed: int = 0
     unchanged: int = 0
     rejected: int = 0
+    pending: int = 0
     requests: int = 0
     seconds: float = 0.0
     match_info: dict[str, Any] = field(default_factory=dict)
@@ -118,9 +168,9 @@ REASON_LENGTH = 500
 
 
 def error_reason(error: Exception, limit: int = REASON_LENGTH) -> str:
-    """A failure as the history, the logs and the run's failure tell it: its type and text,
-    credentials masked (a platform's error may quote the request, token included), at most
-    `limit` characters."""
+    """A failure as the history, the logs and the run's failure tell it: its type and text
+    (a `PlatformError`'s code first), credentials masked (a platform's error may quote the
+    request, token included), at most `limit` characters, cut at the end."""
     return shortened(redact(f"{type(error).__name__}: {error}"), limit)
 
 
@@ -370,8 +420,8 @@ def _finish_run(conn: psycopg.Connection, run: int, outcome: SyncOutcome) -> Non
     conn.execute(
         """
         UPDATE cdp.activation_runs SET status = %s, reason = %s, desired = %s, unmatchable = %s,
-               added = %s, removed = %s, unchanged = %s, rejected = %s, requests = %s,
-               match_info = %s, finished_at = now()
+               added = %s, removed = %s, unchanged = %s, rejected = %s, pending = %s,
+               requests = %s, match_info = %s, finished_at = now()
         WHERE activation_run_id = %s
         """,
         (
@@ -383,6 +433,7 @@ def _finish_run(conn: psycopg.Connection, run: int, outcome: SyncOutcome) -> Non
             outcome.removed,
             outcome.unchanged,
             outcome.rejected,
+            outcome.pending,
             outcome.requests,
             Jsonb(outcome.match_info),
             run,
@@ -457,6 +508,9 @@ def _after_deletion(
         )
         return outcome
     forget_platform_state(conn, destination.destination_id, target.audience)
+    abandon_requests(
+        conn, destination.destination_id, target.audience, "audience deleted on the platform"
+    )
     conn.commit()
     anew = DestinationAudience(destination, target.audience, target.params, None)
     try:
@@ -496,6 +550,10 @@ def _sync(
     destination = target.destination
     dry_run = _is_dry_run(target, options)
     key = {"destination_id": destination.destination_id, "audience": target.audience}
+    asynchronous = isinstance(platform, AsynchronousPlatform)
+    # The verdicts come first: members they take out or put back change what is to send.
+    if asynchronous and target.platform_audience_id and not dry_run:
+        _settle(conn, key, run, platform, outcome)
     loaded, outcome.unmatchable = _load_fresh(conn, members, platform)
     if options.full_replace:
         loaded += _load_confirmed(conn, members)
@@ -521,25 +579,32 @@ def _sync(
         set_platform_audience_id(conn, destination.destination_id, target.audience, platform_id)
         conn.commit()
     # Sent now, the changes would fail or race the platform's own work: the audience waits,
-    # its state untouched and its signature not stored, so the next run sends them.
-    busy = platform.busy(platform_id)
+    # its state untouched and its signature not stored, so the next run sends them. With
+    # nothing to send, the platform is not asked.
+    busy = platform.busy(platform_id) if to_add or to_remove or options.full_replace else None
     if busy is not None:
         outcome.status, outcome.reason = "skipped", f"busy on the platform: {busy}"
+        if asynchronous:
+            outcome.pending, _ = _pending(conn, key)
         return None
     if options.full_replace:
-        _replace(conn, key, platform, platform_id, outcome)
+        _replace(conn, key, run, platform, platform_id, outcome)
     else:
         _send_diff(conn, key, run, platform, platform_id, outcome, to_remove, to_add)
+    awaiting = 0
+    if asynchronous:
+        outcome.pending, awaiting = _pending(conn, key)
     # Nothing sent, nothing asked: an unchanged audience costs the platform no call, and
     # what it reported last still stands.
     outcome.match_info = (
         platform.match_info(platform_id) if outcome.requests else _last_match_info(conn, key)
     )
-    if signature is not None and outcome.rejected == 0:
+    if signature is not None and outcome.rejected == 0 and awaiting == 0:
         conn.execute(
             f"UPDATE cdp.destination_audiences SET synced_signature = %(signature)s WHERE {_STATE}",
             {**key, "signature": signature},
         )
+    conn.commit()
     outcome.status = "synced"
     return platform_id
 
@@ -585,56 +650,153 @@ def _send_diff(
     to_remove: int,
     to_add: int,
 ) -> None:
-    """`to_remove` and `to_add`: the counts `_counts` found; a side with none is not read."""
+    """`to_remove` and `to_add`: the counts `_counts` found; a side with none is not read.
+    An asynchronous platform processes the removals before it takes the additions: when it
+    is still busy with them, the additions wait for a later sync."""
+    asynchronous = isinstance(platform, AsynchronousPlatform)
     removals = _pages(conn, _REMOVALS, key, platform.batch_size) if to_remove else iter(())
     for page in removals:
         result = platform.remove(platform_id, [row for _, _, row in page])
-        confirmed = [m for i, (m, _, _) in enumerate(page) if i not in result.rejected]
+        accepted = [m for i, (m, _, _) in enumerate(page) if i not in result.rejected]
+        _hold_removals(conn, key, run, accepted, result.pending)
         conn.execute(
             f"DELETE FROM cdp.destination_members WHERE {_STATE} AND member_key = ANY(%(keys)s)",
-            {**key, "keys": confirmed},
+            {**key, "keys": accepted},
         )
         _record_rejects(conn, run, page, result, "remove")
         conn.commit()
-        outcome.removed += len(confirmed)
+        outcome.removed += len(accepted)
         outcome.rejected += len(result.rejected)
         outcome.requests += result.requests
+    if to_remove and asynchronous:
+        outcome.requests += platform.submit(platform_id)
+        busy = platform.busy(platform_id) if to_add else None
+        if busy is not None:
+            outcome.reason = f"{to_add} additions wait until the platform is done: {busy}"
+            return
     additions = _pages(conn, _ADDITIONS, key, platform.batch_size) if to_add else iter(())
     for page in additions:
         result = platform.add(platform_id, [row for _, _, row in page])
         accepted = [m for i, (m, _, _) in enumerate(page) if i not in result.rejected]
-        _upsert_members(conn, key, accepted)
+        for request, member_keys in _under_requests(conn, key, run, "add", accepted, result):
+            _upsert_members(conn, key, member_keys, request)
         _record_rejects(conn, run, page, result, "add")
         conn.commit()
-        outcome.added += len(page) - len(result.rejected)
+        outcome.added += len(accepted)
         outcome.rejected += len(result.rejected)
         outcome.requests += result.requests
+    if to_add and asynchronous:
+        outcome.requests += platform.submit(platform_id)
 
 
-def _upsert_members(conn: psycopg.Connection, key: dict[str, str], member_keys: list[str]) -> None:
+def _new_request(
+    conn: psycopg.Connection,
+    key: dict[str, str],
+    run: int | None,
+    operation: str,
+    platform_id: str,
+) -> int:
+    row = conn.execute(
+        "INSERT INTO cdp.destination_requests (destination_id, audience, activation_run_id,"
+        " platform_request_id, operation) VALUES (%(destination_id)s, %(audience)s, %(run)s,"
+        " %(platform_id)s, %(operation)s) RETURNING request_id",
+        {**key, "run": run, "platform_id": platform_id, "operation": operation},
+    ).fetchone()
+    assert row is not None
+    return row[0]
+
+
+def _under_requests(
+    conn: psycopg.Connection,
+    key: dict[str, str],
+    run: int,
+    operation: str,
+    accepted: list[str],
+    result: BatchResult,
+) -> Iterator[tuple[int | None, list[str]]]:
+    """The accepted members by the request they await (None: confirmed), each pending
+    request recorded."""
+    start = 0
+    for platform_id, count in result.pending:
+        yield _new_request(conn, key, run, operation, platform_id), accepted[start : start + count]
+        start += count
+    if start < len(accepted):
+        yield None, accepted[start:]
+
+
+def _hold_removals(
+    conn: psycopg.Connection,
+    key: dict[str, str],
+    run: int | None,
+    accepted: list[str],
+    pending: list[tuple[str, int]],
+) -> None:
+    """Keep the rows whose removal awaits a verdict with their request, to put back if it
+    fails."""
+    start = 0
+    for platform_id, count in pending:
+        request = _new_request(conn, key, run, "remove", platform_id)
+        conn.execute(
+            f"""
+            UPDATE cdp.destination_requests SET members = (
+                SELECT coalesce(jsonb_agg(jsonb_build_array(member_key, fingerprint,
+                                          source_fingerprint, to_jsonb(identifiers))), '[]')
+                FROM cdp.destination_members WHERE {_STATE} AND member_key = ANY(%(keys)s))
+            WHERE request_id = %(request)s
+            """,
+            {**key, "keys": accepted[start : start + count], "request": request},
+        )
+        start += count
+
+
+def hold_pending_removals(
+    conn: psycopg.Connection,
+    destination_id: str,
+    audience: str,
+    member_keys: list[str],
+    pending: list[tuple[str, int]],
+) -> None:
+    """Removals sent outside a sync (a privacy erase) that the platform has yet to process:
+    held as a sync holds its own, so the audience's next sync reads the verdict and confirms
+    them, or puts the members back to be removed again. Not committed."""
+    key = {"destination_id": destination_id, "audience": audience}
+    _hold_removals(conn, key, None, member_keys, pending)
+
+
+def _upsert_members(
+    conn: psycopg.Connection,
+    key: dict[str, str],
+    member_keys: list[str],
+    pending_request: int | None = None,
+) -> None:
     conn.execute(
         """
         INSERT INTO cdp.destination_members (destination_id, audience, member_key,
-                                             fingerprint, source_fingerprint, identifiers)
+                                             fingerprint, source_fingerprint, identifiers,
+                                             pending_request)
         SELECT %(destination_id)s, %(audience)s, member_key, fingerprint, source_fingerprint,
-               identifiers
+               identifiers, %(request)s
         FROM desired_members WHERE member_key = ANY(%(keys)s)
         ON CONFLICT (destination_id, audience, member_key) DO UPDATE
            SET fingerprint = excluded.fingerprint, identifiers = excluded.identifiers,
-               source_fingerprint = excluded.source_fingerprint, confirmed_at = now()
+               source_fingerprint = excluded.source_fingerprint, confirmed_at = now(),
+               pending_request = excluded.pending_request
         """,
-        {**key, "keys": member_keys},
+        {**key, "keys": member_keys, "request": pending_request},
     )
 
 
 def _replace(
     conn: psycopg.Connection,
     key: dict[str, str],
+    run: int,
     platform: Platform,
     platform_id: str,
     outcome: SyncOutcome,
 ) -> None:
-    """Replace the whole membership; state becomes the desired set once the platform is done."""
+    """Replace the whole membership; state becomes the desired set once the platform is done,
+    less the members it refused (recorded as rejected, sent again next run), those it has yet
+    to process held under their request."""
     everything = _pages(
         conn,
         "SELECT member_key, fingerprint, identifiers FROM desired_members"
@@ -643,16 +805,175 @@ def _replace(
         platform.batch_size,
     )
     result = platform.replace(platform_id, ([row for _, _, row in page] for page in everything))
+    if isinstance(platform, AsynchronousPlatform):
+        outcome.requests += platform.submit(platform_id)
+    starts, ends, requests = [], [], []
+    start = 0
+    for request_id, count in result.pending:
+        starts.append(start)
+        ends.append(start + count)
+        requests.append(_new_request(conn, key, run, "add", request_id))
+        start += count
+    rejected = sorted(result.rejected)
     conn.execute(f"DELETE FROM cdp.destination_members WHERE {_STATE}", key)
+    # Rows are numbered as they were sent (by member key), then the accepted ones again, as
+    # the pending requests count them.
     conn.execute(
         """
+        WITH sent AS (
+            SELECT d.*, row_number() OVER (ORDER BY member_key) - 1 AS position
+            FROM desired_members d
+        ), accepted AS (
+            SELECT s.*, row_number() OVER (ORDER BY member_key) - 1 AS accepted_position
+            FROM sent s WHERE s.position <> ALL(%(rejected)s::bigint[])
+        )
         INSERT INTO cdp.destination_members (destination_id, audience, member_key,
-                                             fingerprint, source_fingerprint, identifiers)
+                                             fingerprint, source_fingerprint, identifiers,
+                                             pending_request)
         SELECT %(destination_id)s, %(audience)s, member_key, fingerprint, source_fingerprint,
-               identifiers
-        FROM desired_members
+               identifiers,
+               (SELECT r FROM unnest(%(starts)s::bigint[], %(ends)s::bigint[],
+                                     %(requests)s::bigint[]) AS u (s, e, r)
+                WHERE accepted_position >= s AND accepted_position < e)
+        FROM accepted
+        """,
+        {**key, "rejected": rejected, "starts": starts, "ends": ends, "requests": requests},
+    )
+    if rejected:
+        conn.execute(
+            """
+            INSERT INTO cdp.activation_rejects (activation_run_id, member_key, operation, reason)
+            SELECT %(run)s, d.member_key, 'add', u.reason
+            FROM (SELECT member_key, row_number() OVER (ORDER BY member_key) - 1 AS position
+                  FROM desired_members) d
+            JOIN unnest(%(positions)s::bigint[], %(reasons)s::text[]) AS u (position, reason)
+              USING (position)
+            """,
+            {
+                "run": run,
+                "positions": rejected,
+                "reasons": [result.rejected[i] for i in rejected],
+            },
+        )
+    conn.commit()
+    outcome.added = outcome.desired - len(rejected)
+    outcome.rejected += len(rejected)
+    outcome.requests += result.requests
+
+
+def _settle(
+    conn: psycopg.Connection,
+    key: dict[str, str],
+    run: int,
+    platform: AsynchronousPlatform,
+    outcome: SyncOutcome,
+) -> None:
+    """Ask the platform for the verdicts of the audience's pending requests and apply those it
+    gives. Committed."""
+    pending = [
+        request_id
+        for (request_id,) in conn.execute(
+            "SELECT DISTINCT platform_request_id FROM cdp.destination_requests"
+            f" WHERE {_STATE} AND status = 'pending' ORDER BY 1",
+            key,
+        )
+    ]
+    if not pending:
+        return
+    for request_id, verdict in platform.request_verdicts(pending).items():
+        outcome.rejected += _apply_verdict(conn, key, run, request_id, verdict)
+    conn.commit()
+
+
+def _apply_verdict(
+    conn: psycopg.Connection, key: dict[str, str], run: int, request_id: str, verdict: Verdict
+) -> int:
+    """Confirm the members of a request, or undo what it would have done, recording its
+    members as rejected; returns how many were rejected."""
+    params = {**key, "run": run, "request_id": request_id, "reason": verdict.failed}
+    requests = (
+        f"SELECT request_id FROM cdp.destination_requests WHERE {_STATE}"
+        " AND platform_request_id = %(request_id)s AND status = 'pending'"
+    )
+    rejected = 0
+    if verdict.failed is None:
+        conn.execute(
+            "UPDATE cdp.destination_members SET pending_request = NULL, confirmed_at = now()"
+            f" WHERE {_STATE} AND pending_request IN ({requests})",
+            params,
+        )
+    else:
+        # The members of a failed addition are not on the platform: out of the state, so the
+        # next sync sends them again.
+        rejected += conn.execute(
+            f"""
+            WITH undone AS (
+                DELETE FROM cdp.destination_members
+                WHERE {_STATE} AND pending_request IN ({requests}) RETURNING member_key)
+            INSERT INTO cdp.activation_rejects (activation_run_id, member_key, operation, reason)
+            SELECT %(run)s, member_key, 'add', %(reason)s FROM undone
+            """,
+            params,
+        ).rowcount
+        # Those of a failed removal are still there: back in the state, to be removed again.
+        restored = f"""
+            SELECT m ->> 0 AS member_key, m ->> 1 AS fingerprint, m ->> 2 AS source_fingerprint,
+                   ARRAY(SELECT jsonb_array_elements_text(m -> 3)) AS identifiers
+            FROM cdp.destination_requests r, jsonb_array_elements(r.members) m
+            WHERE r.request_id IN ({requests}) AND r.operation = 'remove'
+        """
+        conn.execute(
+            f"""
+            INSERT INTO cdp.destination_members (destination_id, audience, member_key,
+                                                 fingerprint, source_fingerprint, identifiers)
+            SELECT %(destination_id)s, %(audience)s, member_key, fingerprint,
+                   source_fingerprint, identifiers FROM ({restored}) AS back
+            ON CONFLICT (destination_id, audience, member_key) DO NOTHING
+            """,
+            params,
+        )
+        rejected += conn.execute(
+            "INSERT INTO cdp.activation_rejects (activation_run_id, member_key, operation,"
+            f" reason) SELECT %(run)s, member_key, 'remove', %(reason)s FROM ({restored}) AS back",
+            params,
+        ).rowcount
+    # Settled, a removal's rows have no more use (they are gone, or back in the state): kept,
+    # they would be the hashes of people erased and suppressed.
+    conn.execute(
+        "UPDATE cdp.destination_requests SET status = %(status)s, reason = %(reason)s,"
+        f" members = '[]', settled_at = now() WHERE request_id IN ({requests})",
+        {**params, "status": "confirmed" if verdict.failed is None else "failed"},
+    )
+    return rejected
+
+
+def _pending(conn: psycopg.Connection, key: dict[str, str]) -> tuple[int, int]:
+    """(members awaiting a verdict, the platform's requests awaiting one) of the audience."""
+    row = conn.execute(
+        f"""
+        SELECT (SELECT count(*) FROM cdp.destination_members
+                WHERE {_STATE} AND pending_request IS NOT NULL)
+               + (SELECT coalesce(sum(jsonb_array_length(members)), 0)::bigint
+                  FROM cdp.destination_requests
+                  WHERE {_STATE} AND status = 'pending' AND operation = 'remove'),
+               (SELECT count(DISTINCT platform_request_id) FROM cdp.destination_requests
+                WHERE {_STATE} AND status = 'pending')
         """,
         key,
-    )
-    conn.commit()
-    outcome.added, outcome.requests = outcome.desired, result.requests
+    ).fetchone()
+    assert row is not None
+    return row[0], row[1]
+
+
+def abandon_requests(
+    conn: psycopg.Connection, destination_id: str, audience: str | None, reason: str
+) -> int:
+    """Close the pending requests of an audience whose platform state was forgotten (every
+    audience of the destination when `audience` is None): their verdicts concern an audience
+    no longer followed. Not committed."""
+    return conn.execute(
+        "UPDATE cdp.destination_requests SET status = 'failed', reason = %(reason)s,"
+        " settled_at = now() WHERE destination_id = %(destination_id)s"
+        " AND (%(audience)s::text IS NULL OR audience = %(audience)s) AND status = 'pending'",
+        {"destination_id": destination_id, "audience": audience, "reason": reason},
+    ).rowcount

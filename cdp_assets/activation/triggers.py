@@ -1,11 +1,13 @@
-"""When audiences are pushed: on a membership change (sensor) and every 48 hours (schedule)."""
+"""When audiences are pushed: on a membership change (sensor), every 48 hours (schedule), and
+while a platform has yet to give its verdict on what it acknowledged (sensor): each sync
+first reads the verdicts of its audience's pending requests."""
 
 from __future__ import annotations
 
 import hashlib
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 
 import dagster as dg
 import psycopg
@@ -185,3 +187,62 @@ def activation_every_48_hours(
         context.scheduled_execution_time,
     )
     return requests or dg.SkipReason("off day of the 48-hour cadence, or no destinations")
+
+
+def awaiting_verdicts(conn: psycopg.Connection) -> dict[str, set[str]]:
+    """tenant -> platforms with requests still awaiting the platform's verdict, over active
+    destinations of active tenants."""
+    platforms_of: dict[str, set[str]] = defaultdict(set)
+    for tenant_id, platform in conn.execute(
+        """
+        SELECT DISTINCT d.tenant_id, d.platform
+        FROM cdp.destination_requests r
+        JOIN cdp.destinations d USING (destination_id)
+        JOIN cdp.tenants t USING (tenant_id)
+        WHERE r.status = 'pending' AND d.active AND t.active
+        """
+    ):
+        platforms_of[tenant_id].add(platform)
+    return platforms_of
+
+
+# Google asks to wait about 30 minutes before reading a request's status, then to poll with
+# backoff (https://developers.google.com/data-manager/api/devguides/diagnostics); a Google Ads
+# job can take hours. One run per tenant block and half hour while requests are pending.
+VERDICT_POLL_MINUTES = 30
+
+
+def verdict_requests(
+    platforms_of: Mapping[str, Iterable[str]],
+    tenant_rows: list[Tenant],
+    partition_order: Sequence[str],
+    moment: datetime,
+) -> list[dg.RunRequest]:
+    """A run per asset and block of neighbouring tenants with pending requests on its
+    platforms, once per VERDICT_POLL_MINUTES."""
+    slot = int(moment.timestamp()) // (VERDICT_POLL_MINUTES * 60)
+    return asset_requests(
+        platforms_of, tenant_rows, partition_order, lambda block, asset_key: f"verdicts-{slot}"
+    )
+
+
+@dg.sensor(
+    job=activation_push,
+    minimum_interval_seconds=300,
+    default_status=dg.DefaultSensorStatus.RUNNING,
+    description="While a platform has yet to confirm what it acknowledged (Data Manager"
+    " requests, Google Ads jobs), pushes the tenants concerned every"
+    f" {VERDICT_POLL_MINUTES} minutes: each sync first reads the verdicts, confirms or re-sends"
+    " the members, and stores the audience's signature once nothing is pending.",
+)
+def pending_verdicts_sensor(
+    context: dg.SensorEvaluationContext, warehouse: WarehouseResource
+) -> list[dg.RunRequest] | dg.SkipReason:
+    with warehouse.connect() as conn:
+        platforms_of = awaiting_verdicts(conn)
+    if not platforms_of:
+        return dg.SkipReason("no request awaits a platform's verdict")
+    requests = verdict_requests(
+        platforms_of, *tenants_with_partitions(context, warehouse), datetime.now(UTC)
+    )
+    return requests or dg.SkipReason("no active tenant with a partition awaits a verdict")

@@ -5,6 +5,13 @@ The API fails fast: one bad member fails the whole request. When the error names
 the batch is sent again; anything else fails the run. A per-minute quota error is retried
 with backoff (the client never retries it); the per-day quota is not worth waiting for.
 
+Every request the API accepts is only acknowledged: Google processes it later (30 minutes to
+24 hours) and records can still fail then
+(https://developers.google.com/data-manager/api/devguides/diagnostics). Each request id is
+returned as pending; `request_verdicts` reads ``RetrieveRequestStatus`` until the request is
+final. A PARTIAL_SUCCESS counts its failed records without naming them, so it fails the whole
+request: its members are sent again (re-adding a member Google holds only renews it).
+
 Full replace follows Google's documented safe flow: note a time T, ingest every member,
 then remove the members whose last addition is older than T.
 
@@ -36,7 +43,7 @@ from google.api_core import exceptions as gexc
 from google.protobuf import duration_pb2
 
 from cdp_assets.activation.destinations import Destination, DestinationAudience
-from cdp_assets.activation.sync import AudienceGone, BatchResult, Row
+from cdp_assets.activation.sync import AudienceGone, BatchResult, Row, Verdict
 from cdp_assets.lib.retry import with_backoff
 
 BATCH_SIZE = 10_000  # documented members per request
@@ -95,13 +102,14 @@ def error_code(error: gexc.GoogleAPICallError) -> str:
     return f"{status} {error.reason}" if error.reason else status
 
 
-def rejected_members(error: gexc.InvalidArgument) -> dict[int, str]:
-    """Members named by the error's BadRequest field violations, with their descriptions."""
+def rejected_members(error: gexc.InvalidArgument, sent: int) -> dict[int, str]:
+    """Members named by the error's BadRequest field violations, with their descriptions;
+    an index outside the `sent` members names none of them."""
     rejected: dict[int, str] = {}
     for detail in getattr(error, "details", None) or []:
         for violation in getattr(detail, "field_violations", []):
             match = MEMBER_FIELD.match(violation.field)
-            if match:
+            if match and int(match.group(1)) < sent:
                 reason = getattr(error, "reason", None) or violation.description
                 rejected[int(match.group(1))] = str(reason)[:200]
     return rejected
@@ -130,7 +138,7 @@ class DataManagerAudiences:
         self.attempts, self.retry_base_seconds = attempts, retry_base_seconds
         self.call_timeout = call_timeout_seconds
         self.account = f"accountTypes/GOOGLE_ADS/accounts/{destination.account_id}"
-        self.request_ids: list[str] = []
+        self.last_match_rate_range: str | None = None
         # A user list of a managed account is reached through the manager the credentials
         # belong to: a Destination field for ingestion, a header for the user list service.
         self.login = (
@@ -219,7 +227,8 @@ class DataManagerAudiences:
         ]
 
     def _send(self, platform_id: str, rows: list[Row], build: Any, fn: Any) -> BatchResult:
-        """Send rows; members the API names as bad are set aside and the rest re-sent."""
+        """Send rows; members the API names as bad are set aside and the rest re-sent. The
+        accepted rows await the verdict of the request that carried them."""
         rejected: dict[int, str] = {}
         requests = 0
         while True:
@@ -230,14 +239,12 @@ class DataManagerAudiences:
             try:
                 response = self._call(fn, build([rows[i] for i in positions]), audience=platform_id)
             except gexc.InvalidArgument as error:
-                named = rejected_members(error)
+                named = rejected_members(error, len(positions))
                 if not named:
                     raise
                 rejected.update({positions[i]: reason for i, reason in named.items()})
                 continue
-            if getattr(response, "request_id", None):
-                self.request_ids.append(response.request_id)
-            return BatchResult(rejected, requests)
+            return BatchResult(rejected, requests, [(response.request_id, len(positions))])
 
     def _ingest_request(self, platform_id: str, rows: list[Row]) -> dm.IngestAudienceMembersRequest:
         return dm.IngestAudienceMembersRequest(
@@ -276,21 +283,50 @@ class DataManagerAudiences:
     def replace(self, platform_id: str, batches: Iterable[list[Row]]) -> BatchResult:
         # A minute of margin so a clock running ahead of Google's never removes new members.
         as_of = datetime.now(UTC) - timedelta(minutes=1)
-        requests = 0
+        replaced = BatchResult(requests=0)
+        offset = 0
         for rows in batches:
             result = self.add(platform_id, rows)
-            requests += result.requests
-        self._call(
+            replaced.rejected.update({offset + i: why for i, why in result.rejected.items()})
+            replaced.pending += result.pending
+            replaced.requests += result.requests
+            offset += len(rows)
+        removal = self._call(
             self.clients.ingestion.remove_all_audience_members,
             dm.RemoveAllAudienceMembersRequest(
                 destinations=self._destinations(platform_id), remove_as_of_time=as_of
             ),
             audience=platform_id,
         )
-        return BatchResult(requests=requests + 1)
+        # It carries no member, but the audience is not as desired until it is processed.
+        replaced.pending.append((removal.request_id, 0))
+        replaced.requests += 1
+        return replaced
 
     def busy(self, platform_id: str) -> str | None:
         return None
+
+    def submit(self, platform_id: str) -> int:
+        return 0  # each request was sent as it came
+
+    def request_verdicts(self, request_ids: list[str]) -> dict[str, Verdict]:
+        """One RetrieveRequestStatus per request (the API takes one id); final once every
+        destination is."""
+        verdicts: dict[str, Verdict] = {}
+        for request_id in request_ids:
+            try:
+                status = self._call(
+                    self.clients.ingestion.retrieve_request_status, {"request_id": request_id}
+                )
+            except gexc.InvalidArgument as error:
+                # Unknown, or older than the 50 days Google keeps a status: nothing confirms
+                # its members, which are sent again.
+                verdicts[request_id] = Verdict(f"{error_code(error)}: {error.message}")
+                continue
+            verdict = _verdict(status, self)
+            if verdict is not None:
+                verdicts[request_id] = verdict
+        return verdicts
 
     def match_info(self, platform_id: str) -> dict[str, Any]:
         info: dict[str, Any] = {}
@@ -303,16 +339,32 @@ class DataManagerAudiences:
         contact_info = user_list.ingested_user_list_info.contact_id_info
         if contact_info and contact_info.match_rate_percentage:
             info["match_rate_percentage"] = contact_info.match_rate_percentage
-        if self.request_ids:
-            status = self._call(
-                self.clients.ingestion.retrieve_request_status,
-                {"request_id": self.request_ids[-1]},
-            )
-            for per_destination in status.request_status_per_destination:
-                info["request_status"] = per_destination.request_status.name
-                ingestion = per_destination.audience_members_ingestion_status
-                if ingestion and ingestion.user_data_ingestion_status:
-                    info["upload_match_rate_range"] = (
-                        ingestion.user_data_ingestion_status.upload_match_rate_range.name
-                    )
+        if self.last_match_rate_range:
+            info["upload_match_rate_range"] = self.last_match_rate_range
         return info
+
+
+_FINAL = ("SUCCESS", "PARTIAL_SUCCESS", "FAILED")
+
+
+def _verdict(status: Any, audiences: DataManagerAudiences) -> Verdict | None:
+    """A request's verdict once every destination's status is final (None before); an
+    ingestion's match rate range is kept for the match info."""
+    per_destination = list(status.request_status_per_destination)
+    names = [d.request_status.name for d in per_destination]
+    if not names or any(name not in _FINAL for name in names):
+        return None
+    failures = []
+    for destination, name in zip(per_destination, names, strict=True):
+        ingestion = destination.audience_members_ingestion_status
+        if ingestion and ingestion.user_data_ingestion_status:
+            audiences.last_match_rate_range = (
+                ingestion.user_data_ingestion_status.upload_match_rate_range.name
+            )
+        if name != "SUCCESS":
+            counts = ", ".join(
+                f"{count.record_count} {count.reason.name}"
+                for count in destination.error_info.error_counts
+            )
+            failures.append(f"{name} ({counts or 'no counts given'})")
+    return Verdict("; ".join(failures) if failures else None)

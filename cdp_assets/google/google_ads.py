@@ -1,11 +1,17 @@
 """Google Customer Match through the Google Ads API (OfflineUserDataJobService).
 
 Only developer tokens allowlisted before April 2026 may use it; new integrations use the
-Data Manager API (`data_manager.py`). Each batch is its own job (create with consent, add
-operations with partial failure, run, wait), so a member is recorded as confirmed only once
-Google finished processing it; adds and removes never share a job, as Google advises.
-The operations Google rejects (partial failure, by index) are recorded and re-sent next run.
+Data Manager API (`data_manager.py`). Google advises one large job rather than many small ones
+(jobs can take hours;
+https://developers.google.com/google-ads/api/docs/remarketing/audience-segments/customer-match/get-started):
+every batch of a sync goes into one job per audience and direction (adds and removes never
+share a job, as Google requires), run once by `submit`, never awaited. Its members stay pending
+until a later sync reads the job's status (`request_verdicts`); a job still running on the list
+makes the audience `busy`, so no second job is run beside it (CONCURRENT_MODIFICATION). The
+operations Google rejects (partial failure, by index) are recorded and re-sent next run.
 A job on a user list removed in Google Ads fails with one of ``LIST_GONE``: ``AudienceGone``.
+A list is looked up by name before one is created, so a lost id or a lost create reply finds
+the list made before. Google's refusals are raised as `GoogleAdsRefusal`, their codes first.
 
 For the loopback sandbox the services get an insecure channel (the library dials only TLS
 with credentials), which keeps the library's own interceptors: the metadata one adds the
@@ -16,7 +22,7 @@ clients): only a push to a `google_ads` destination does.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,15 +63,15 @@ from google.ads.googleads.v26.services.types.user_list_service import UserListOp
 from google.api_core import exceptions as gexc
 
 from cdp_assets.activation.destinations import Destination, DestinationAudience
-from cdp_assets.activation.sync import AudienceGone, BatchResult, Row
+from cdp_assets.activation.sync import AudienceGone, BatchResult, PlatformError, Row, Verdict
 from cdp_assets.lib.retry import with_backoff
 
 # 2 identifiers per operation: 50,000 operations stay under the 100,000 identifiers a
 # request may carry; Google suggests about 10,000 per request for speed.
 BATCH_SIZE = 10_000
 ADS_VERSION = "v26"
+FAILURE_KEY = f"google.ads.googleads.{ADS_VERSION}.errors.googleadsfailure-bin"
 MEMBERSHIP_DAYS = 540
-JOB_TIMEOUT_SECONDS = 6 * 3600  # jobs can take hours on Google's side
 # Every call's gRPC deadline: the v26 transports default to none, and a server that accepts and
 # never answers would hold the step forever.
 CALL_TIMEOUT_SECONDS = 120.0
@@ -129,21 +135,58 @@ def google_ads_services(
     )
 
 
-def retryable(error: Exception) -> bool:
+class GoogleAdsRefusal(PlatformError):
+    """A Google Ads failure: its error codes (``quota_error=RESOURCE_EXHAUSTED``...) and
+    first message, with Google's request id."""
+
+
+def _codes(failure: GoogleAdsFailure) -> list[tuple[str, str]]:
+    """(error_code member, value name) of each error of a failure."""
+    codes = []
+    for error in failure.errors:
+        code = error.error_code
+        member = type(code).pb(code).WhichOneof("error_code")
+        codes.append((member or "", getattr(code, member).name if member else ""))
+    return codes
+
+
+def _failure(error: Exception) -> GoogleAdsFailure | None:
+    """The GoogleAdsFailure of an error: the library's exception carries it; RESOURCE_EXHAUSTED
+    and INTERNAL reach us unconverted, with it in their trailers."""
     if isinstance(error, GoogleAdsException):
-        return any("quota_error" in e.error_code for e in error.failure.errors)
+        return error.failure
+    call = getattr(error, "response", None)
+    trailers = call.trailing_metadata() if isinstance(call, grpc.Call) else None
+    for key, value in trailers or ():
+        if key == FAILURE_KEY:
+            return GoogleAdsFailure.deserialize(value)
+    return None
+
+
+def retryable(error: Exception) -> bool:
+    """Transient errors, and the per-minute quota; the daily quota (RESOURCE_EXHAUSTED) is
+    not worth waiting for."""
+    failure = _failure(error)
+    if failure is not None and failure.errors:
+        return all(
+            member in ("quota_error", "internal_error") and name != "RESOURCE_EXHAUSTED"
+            for member, name in _codes(failure)
+        )
     return isinstance(error, RETRYABLE)
 
 
-def list_missing(error: GoogleAdsException) -> tuple[str, str] | None:
+def list_missing(failure: GoogleAdsFailure) -> tuple[str, str] | None:
     """(``error_code=NAME``, Google's message) when the failure says the list is gone."""
-    for failure in error.failure.errors:
-        code = failure.error_code
-        member = type(code).pb(code).WhichOneof("error_code")
-        name = getattr(code, member).name if member else ""
+    for (member, name), error in zip(_codes(failure), failure.errors, strict=True):
         if (member, name) in LIST_GONE:
-            return f"{member}={name}", failure.message
+            return f"{member}={name}", error.message
     return None
+
+
+def refusal(error: Exception, failure: GoogleAdsFailure) -> GoogleAdsRefusal:
+    codes = ", ".join(f"{member}={name}" for member, name in _codes(failure))
+    message = failure.errors[0].message if failure.errors else str(error)
+    return GoogleAdsRefusal(codes, f"{message} (request {failure.request_id})")
 
 
 def failed_operations(response: Any) -> dict[int, str]:
@@ -182,16 +225,16 @@ class GoogleAdsAudiences:
         *,
         attempts: int = 6,
         retry_base_seconds: float = 5.0,
-        job_timeout_seconds: float = JOB_TIMEOUT_SECONDS,
         call_timeout_seconds: float = CALL_TIMEOUT_SECONDS,
     ) -> None:
         self.destination = destination
         self.services = services
         self.customer_id = destination.account_id
         self.attempts, self.retry_base_seconds = attempts, retry_base_seconds
-        self.job_timeout = job_timeout_seconds
         self.call_timeout = call_timeout_seconds
         self.last_match_rate_range: str | None = None
+        # The job of this sync being filled, per user list: (job, "create" or "remove").
+        self._open_jobs: dict[str, tuple[str, str]] = {}
 
     def _call(self, fn: Any, *, audience: str | None = None, **kwargs: Any) -> Any:
         """``audience``: the user list the call is on, gone when Google says it is missing."""
@@ -202,11 +245,14 @@ class GoogleAdsAudiences:
                 attempts=self.attempts,
                 base_seconds=self.retry_base_seconds,
             )
-        except GoogleAdsException as error:
-            missing = list_missing(error) if audience is not None else None
+        except (GoogleAdsException, gexc.GoogleAPICallError) as error:
+            failure = _failure(error)
+            if failure is None:
+                raise
+            missing = list_missing(failure) if audience is not None else None
             if missing is not None:
                 raise AudienceGone(audience, *missing) from None
-            raise
+            raise refusal(error, failure) from error
 
     def _search(self, query: str) -> Any:
         return self._call(self.services.search.search, customer_id=self.customer_id, query=query)
@@ -215,8 +261,15 @@ class GoogleAdsAudiences:
         return bool(row[0] or row[1])
 
     def ensure_audience(self, target: DestinationAudience) -> str:
+        """The user list's resource name, found by name before creating one."""
+        name = f"{target.destination.tenant_id}: {target.audience}"
+        quoted = name.replace("\\", "\\\\").replace("'", "\\'")
+        for row in self._search(
+            f"SELECT user_list.resource_name FROM user_list WHERE user_list.name = '{quoted}'"
+        ):
+            return row.user_list.resource_name
         user_list = UserList(
-            name=f"{target.destination.tenant_id}: {target.audience}",
+            name=name,
             description=f"Audience {target.audience}, kept in sync by the CDP.",
             membership_life_span=MEMBERSHIP_DAYS,
             crm_based_user_list=CrmBasedUserListInfo(
@@ -230,9 +283,13 @@ class GoogleAdsAudiences:
         )
         return response.results[0].resource_name
 
-    def _job(self, platform_id: str, *, with_consent: bool) -> str:
+    def _job(self, platform_id: str, kind: str) -> tuple[str, int]:
+        """This sync's job of `kind` on the list, created on first use; (job, calls made)."""
+        opened = self._open_jobs.get(platform_id)
+        if opened is not None and opened[1] == kind:
+            return opened[0], 0
         metadata = CustomerMatchUserListMetadata(user_list=platform_id)
-        if with_consent:  # Google asks for consent on adds only
+        if kind == "create":  # Google asks for consent on adds only
             metadata.consent = Consent(
                 ad_user_data=self.destination.ad_user_data_consent,
                 ad_personalization=self.destination.ad_personalization_consent,
@@ -246,68 +303,98 @@ class GoogleAdsAudiences:
             customer_id=self.customer_id,
             job=job,
         )
-        return response.resource_name
+        self._open_jobs[platform_id] = (response.resource_name, kind)
+        return response.resource_name, 1
 
-    def _run(
-        self, platform_id: str, operations: Iterator[list[OfflineUserDataJobOperation]], add: bool
-    ) -> BatchResult:
-        job = self._job(platform_id, with_consent=add)
-        failed: dict[int, str] = {}
-        offset, requests = 0, 1
-        for chunk in operations:
-            response = self._call(
-                self.services.jobs.add_offline_user_data_job_operations,
-                audience=platform_id,
-                request=AddOfflineUserDataJobOperationsRequest(
-                    resource_name=job, enable_partial_failure=True, operations=chunk
-                ),
-            )
-            failed.update({offset + i: m for i, m in failed_operations(response).items()})
-            offset += len(chunk)
-            requests += 1
-        operation = self._call(
-            self.services.jobs.run_offline_user_data_job, audience=platform_id, resource_name=job
+    def _add_operations(
+        self, platform_id: str, job: str, operations: list[OfflineUserDataJobOperation]
+    ) -> dict[int, str]:
+        """Add operations to the job; the failed ones by index among them."""
+        response = self._call(
+            self.services.jobs.add_offline_user_data_job_operations,
+            audience=platform_id,
+            request=AddOfflineUserDataJobOperationsRequest(
+                resource_name=job, enable_partial_failure=True, operations=operations
+            ),
         )
-        operation.result(timeout=self.job_timeout)
-        self._check_job(job)
-        return BatchResult(rejected=failed, requests=requests + 2)
+        return failed_operations(response)
 
-    def _check_job(self, job: str) -> None:
-        query = (
+    def _stage(self, platform_id: str, rows: list[Row], kind: str) -> BatchResult:
+        job, calls = self._job(platform_id, kind)
+        operations = [OfflineUserDataJobOperation(**{kind: _user_data(row)}) for row in rows]
+        failed = self._add_operations(platform_id, job, operations)
+        return BatchResult(failed, calls + 1, [(job, len(rows) - len(failed))])
+
+    def add(self, platform_id: str, rows: list[Row]) -> BatchResult:
+        return self._stage(platform_id, rows, "create")
+
+    def remove(self, platform_id: str, rows: list[Row]) -> BatchResult:
+        return self._stage(platform_id, rows, "remove")
+
+    def replace(self, platform_id: str, batches: Iterable[list[Row]]) -> BatchResult:
+        """One job: remove everything, then add every member (Google's replace flow). The
+        remove-all goes alone in the job's first request, so failures index members."""
+        job, calls = self._job(platform_id, "create")
+        self._add_operations(platform_id, job, [OfflineUserDataJobOperation(remove_all=True)])
+        replaced = BatchResult(requests=calls + 1)
+        offset = 0
+        for rows in batches:
+            operations = [OfflineUserDataJobOperation(create=_user_data(row)) for row in rows]
+            failed = self._add_operations(platform_id, job, operations)
+            replaced.rejected.update({offset + i: why for i, why in failed.items()})
+            replaced.requests += 1
+            offset += len(rows)
+        replaced.pending = [(job, offset - len(replaced.rejected))]
+        return replaced
+
+    def submit(self, platform_id: str) -> int:
+        """Run the job this sync filled for the list; its completion is read by a later
+        sync."""
+        opened = self._open_jobs.pop(platform_id, None)
+        if opened is None:
+            return 0
+        self._call(
+            self.services.jobs.run_offline_user_data_job,
+            audience=platform_id,
+            resource_name=opened[0],
+        )
+        return 1
+
+    def _jobs(self, condition: str) -> Any:
+        return self._search(
             "SELECT offline_user_data_job.resource_name, offline_user_data_job.status,"
             " offline_user_data_job.failure_reason,"
             " offline_user_data_job.operation_metadata.match_rate_range"
-            f" FROM offline_user_data_job WHERE offline_user_data_job.resource_name = '{job}'"
+            f" FROM offline_user_data_job WHERE {condition}"
         )
-        for row in self._call(
-            self.services.search.search, customer_id=self.customer_id, query=query
-        ):
-            state = row.offline_user_data_job
-            if state.status.name != "SUCCESS":
-                raise RuntimeError(
-                    f"Google Ads job {job} ended {state.status.name}: {state.failure_reason.name}"
-                )
-            self.last_match_rate_range = state.operation_metadata.match_rate_range.name
 
-    def add(self, platform_id: str, rows: list[Row]) -> BatchResult:
-        ops = [OfflineUserDataJobOperation(create=_user_data(row)) for row in rows]
-        return self._run(platform_id, iter([ops]), add=True)
-
-    def remove(self, platform_id: str, rows: list[Row]) -> BatchResult:
-        ops = [OfflineUserDataJobOperation(remove=_user_data(row)) for row in rows]
-        return self._run(platform_id, iter([ops]), add=False)
-
-    def replace(self, platform_id: str, batches: Iterable[list[Row]]) -> BatchResult:
-        """One job: remove everything, then add every member (Google's replace flow)."""
-
-        def operations() -> Iterator[list[OfflineUserDataJobOperation]]:
-            yield [OfflineUserDataJobOperation(remove_all=True)]
-            for rows in batches:
-                yield [OfflineUserDataJobOperation(create=_user_data(row)) for row in rows]
-
-        return self._run(platform_id, operations(), add=True)
+    def request_verdicts(self, request_ids: list[str]) -> dict[str, Verdict]:
+        """A job's verdict once it ended. A job Google does not find, or one never run (its
+        sync was cut short), applied nothing."""
+        verdicts: dict[str, Verdict] = {}
+        for job in request_ids:
+            rows = list(self._jobs(f"offline_user_data_job.resource_name = '{job}'"))
+            if not rows:
+                verdicts[job] = Verdict(f"Google Ads has no job {job}")
+                continue
+            state = rows[0].offline_user_data_job
+            status = state.status.name
+            if status == "SUCCESS":
+                verdicts[job] = Verdict()
+                if state.operation_metadata.match_rate_range:
+                    self.last_match_rate_range = state.operation_metadata.match_rate_range.name
+            elif status == "PENDING":
+                verdicts[job] = Verdict(f"job {job} was never run")
+            elif status != "RUNNING":
+                verdicts[job] = Verdict(f"job {job} ended {status}: {state.failure_reason.name}")
+        return verdicts
 
     def busy(self, platform_id: str) -> str | None:
+        for row in self._jobs(
+            "offline_user_data_job.customer_match_user_list_metadata.user_list ="
+            f" '{platform_id}' AND offline_user_data_job.status = 'RUNNING'"
+        ):
+            return f"Google Ads job {row.offline_user_data_job.resource_name} is still running"
         return None
 
     def match_info(self, platform_id: str) -> dict[str, Any]:

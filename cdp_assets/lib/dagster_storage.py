@@ -24,6 +24,9 @@ statement or more each. Dagster batches the materializations when `DAGSTER_EVENT
 is set, which this event log sets unless the environment already does; a batch of planned
 materializations, which dagster-postgres stores one by one, is written here in one INSERT.
 
+A backfill of `vtex_orders` is stored as one backfill per tenant (`vtex/backfills.py`), so its
+runs keep to one tenant each whatever the shape of the selection.
+
 `dagster.yaml`:
 
     storage:
@@ -44,6 +47,7 @@ from typing import Any
 
 import sqlalchemy as db
 from dagster._core.events.log import EventLogEntry
+from dagster._core.execution.backfill import PartitionBackfill
 from dagster._core.storage.event_log.schema import (
     AssetKeyTable,
     ConcurrencyLimitsTable,
@@ -65,6 +69,8 @@ from dagster_postgres.utils import (
 )
 from sqlalchemy import event, exc
 from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+from cdp_assets.vtex.backfills import per_tenant_backfills
 
 # Connections the pool holds open, and how many more it may open while threads write at once.
 POOL_SIZE = 1
@@ -238,6 +244,11 @@ class PooledPostgresEventLogStorage(_PooledStorage, PostgresEventLogStorage):
 
 
 class PooledPostgresRunStorage(_PooledStorage, PostgresRunStorage):
+    # Every backfill passes here, the UI's included: orders run one tenant at a time.
+    def add_backfill(self, partition_backfill: PartitionBackfill) -> None:
+        for backfill in per_tenant_backfills(partition_backfill):
+            super().add_backfill(backfill)
+
     # Asked on every run added (backfill_id) and every run event stored (run stats).
     def has_run_stats_index_cols(self) -> bool:
         return self._has_columns(RunsTable.name, "start_time", "end_time")

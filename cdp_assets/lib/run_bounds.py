@@ -20,7 +20,7 @@ RUN_BOUNDS = {
     "analytics_tenant_refresh": 3 * HOUR,
     "churn_holdout_refresh": 3 * HOUR,
     "audiences_refresh": 2 * HOUR,
-    "activation_push": 8 * HOUR,  # a Google Ads job alone may take 6 hours
+    "activation_push": 2 * HOUR,  # platforms process asynchronously: a push never waits on them
     "operations_metrics_job": 10 * 60,  # every 15 minutes
 }
 

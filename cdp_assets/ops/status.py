@@ -7,12 +7,14 @@ platform's own assets). Together they are the verdict of `cdp status --check` an
 health endpoint: `Status.problems`, each naming its tenant where it is one tenant's.
 
 Everything comes from the Dagster instance the UI uses (its event log and runs) and the
-warehouse, so the answer matches what the UI shows.
+warehouse, so the answer matches what the UI shows. The event log is read past a cursor into
+the latest state of each tenant partition (`partition_state.py`), so a call costs what happened
+since the last one, not the whole history.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -41,8 +43,8 @@ from cdp_assets.ops.metrics import (
     metrics_json,
     render_metrics,
 )
+from cdp_assets.ops.partition_state import partition_outcomes
 from cdp_assets.ops.sync_errors import SyncError, latest_errors
-from cdp_assets.partitions import tenant_of_partition_key
 from cdp_assets.tenants.registry import TenantError, list_tenants
 from cdp_assets.vtex.resources import VtexResource
 
@@ -52,6 +54,9 @@ IN_PROGRESS = (
     dg.DagsterRunStatus.CANCELING,
 )
 ERROR_WIDTH = 100  # of an error message in the text output; --json has all of it
+# Above this many tenants the text output summarizes (`--all`: every tenant's row).
+SUMMARY_ABOVE_TENANTS = 20
+WORST_TENANTS = 10  # listed with their problems in the summary
 
 
 @dataclass(frozen=True)
@@ -159,40 +164,18 @@ def watched_assets(definitions: dg.Definitions | None = None) -> dict[str, tuple
 
 
 def _outcomes(
-    instance: dg.DagsterInstance, key: dg.AssetKey, tenant_ids: Collection[str]
-) -> dict[str, _Outcome]:
-    """tenant -> its latest partition's last success, and a failed run since, for one key."""
-    latest = instance.get_latest_storage_id_by_partition(
-        key, dg.DagsterEventType.ASSET_MATERIALIZATION
-    )
-    # A tenant's latest partition: its only one, or for tenant x month keys (`month|tenant`,
-    # ISO months sort as text) its latest month, which the twice-daily sync keeps current.
-    judged: dict[str, tuple[str, int]] = {}
-    for partition, storage_id in latest.items():
-        tenant = tenant_of_partition_key(partition)
-        if tenant in tenant_ids and (tenant not in judged or partition > judged[tenant][0]):
-            judged[tenant] = (partition, storage_id)
-    success_at = {}
-    if judged:
-        records = instance.fetch_materializations(
-            dg.AssetRecordsFilter(asset_key=key, storage_ids=[i for _, i in judged.values()]),
-            limit=len(judged),
-        ).records
-        success_at = {r.storage_id: datetime.fromtimestamp(r.timestamp, UTC) for r in records}
-
-    # Planned after the latest materialization of that partition: in progress or failed. An
-    # earlier month failing (a backfill) does not make the tenant's orders unhealthy.
-    attempts: dict[str, list[str]] = defaultdict(list)
-    storage = instance.event_log_storage
-    pending = storage.get_latest_asset_partition_materialization_attempts_without_materializations(
-        key
-    )
-    for partition, (run_id, _) in pending.items():
-        tenant = tenant_of_partition_key(partition)
-        if tenant in tenant_ids and (tenant not in judged or partition >= judged[tenant][0]):
-            attempts[tenant].append(run_id)
+    instance: dg.DagsterInstance,
+    conn: psycopg.Connection,
+    keys: Collection[dg.AssetKey],
+    tenant_ids: Collection[str],
+) -> dict[tuple[str, dg.AssetKey], _Outcome]:
+    """(tenant, key) -> its latest partition's last success, and a failed run since. A tenant's
+    latest partition: its only one, or for tenant x month keys its latest month, which the
+    twice-daily sync keeps current; a failure of an earlier month (a backfill) does not make
+    the tenant's orders unhealthy."""
+    found = partition_outcomes(instance, conn, keys, tenant_ids)
+    run_ids = sorted({run_id for outcome in found.values() for run_id in outcome.pending_run_ids})
     failed_at = {}
-    run_ids = [run_id for ids in attempts.values() for run_id in ids]
     if run_ids:
         failed_runs = instance.get_run_records(
             dg.RunsFilter(run_ids=run_ids, statuses=[dg.DagsterRunStatus.FAILURE])
@@ -203,14 +186,12 @@ def _outcomes(
             )
             for r in failed_runs
         }
-
     outcomes = {}
-    for tenant in tenant_ids:
-        partition, storage_id = judged.get(tenant, (None, None))
-        failures = sorted((failed_at[r], r) for r in attempts.get(tenant, ()) if r in failed_at)
-        outcomes[tenant] = _Outcome(
-            partition_key=partition,
-            last_success=success_at.get(storage_id),
+    for pair, outcome in found.items():
+        failures = sorted((failed_at[r], r) for r in outcome.pending_run_ids if r in failed_at)
+        outcomes[pair] = _Outcome(
+            partition_key=outcome.partition_key,
+            last_success=outcome.last_success,
             failed_run_id=failures[-1][1] if failures else None,
             failed_at=failures[-1][0] if failures else None,
         )
@@ -273,9 +254,8 @@ def collect_status(
             raise TenantError(f"no active tenant {', '.join(map(repr, unknown))}")
         active = [t for t in active if t in tenant_ids]
     watched = watched_assets() if watched is None else watched
-    by_key = {
-        key: _outcomes(instance, key, set(active)) for keys in watched.values() for key in keys
-    }
+    every_key = {key for keys in watched.values() for key in keys}
+    outcomes = _outcomes(instance, conn, every_key, active)
     all_keys = [key.to_user_string() for keys in watched.values() for key in keys]
     errors = latest_errors(conn, active, all_keys)
     gaps = order_gaps(conn, active)
@@ -283,7 +263,7 @@ def collect_status(
     assets = []
     for tenant in active:
         for name, keys in watched.items():
-            outcome = _combine([by_key[key][tenant] for key in keys])
+            outcome = _combine([outcomes.get((tenant, key), _Outcome()) for key in keys])
             max_age = FRESHNESS[name]
             tenant_errors = [
                 errors[(tenant, k.to_user_string())]
@@ -373,19 +353,23 @@ def _problem(asset: AssetStatus) -> str:
     return "\n".join(lines)
 
 
-def render_text(status: Status) -> str:
-    """The assets' table and what needs attention, then the metrics, then the platform."""
+def render_text(status: Status, *, full: bool | None = None) -> str:
+    """The assets' table and what needs attention (or, over SUMMARY_ABOVE_TENANTS tenants unless
+    `full`, a summary of them), then the metrics, then the platform."""
+    tenant_count = len({a.tenant_id for a in status.assets})
+    if full is None:
+        full = tenant_count <= SUMMARY_ABOVE_TENANTS
+    assets = _render_assets(status) if full else _render_summary(status, tenant_count)
     if status.platform:
         platform = [f"platform: {len(status.platform)} problems"]
         platform.extend(f"  {problem}" for problem in status.platform)
     else:
         platform = ["platform: daemon alive, schedules and sensors ticking, operations fresh"]
     verdict = "healthy" if status.healthy else f"unhealthy: {len(status.problems)} problems"
-    return "\n".join([_render_assets(status), render_metrics(status.metrics), *platform, verdict])
+    return "\n".join([assets, render_metrics(status.metrics), *platform, verdict])
 
 
-def _render_assets(status: Status) -> str:
-    """A table (times in UTC), then what needs attention with its latest error."""
+def _header(status: Status) -> list[str]:
     lines = [
         f"checked {status.checked_at:%Y-%m-%d %H:%M} UTC; runs: {status.queued_runs} queued,"
         f" {status.in_progress_runs} in progress"
@@ -397,6 +381,46 @@ def _render_assets(status: Status) -> str:
             f" {format_age(oldest.age)} ({oldest.destination_id}/{oldest.audience},"
             f" run {oldest.dagster_run_id})"
         )
+    return lines
+
+
+def _render_summary(status: Status, tenant_count: int) -> str:
+    """Counts by state, per asset where any is not ok, and the tenants with the most assets
+    needing attention, each with what is wrong."""
+    lines = _header(status)
+    states = Counter(a.state for a in status.assets)
+    lines.append(
+        f"{tenant_count} tenants x {len(status.assets) // max(tenant_count, 1)} assets: "
+        + ", ".join(f"{count} {state}" for state, count in states.most_common())
+        + " (every tenant's row: --all)"
+    )
+    problems = [a for a in status.assets if not a.ok]
+    if not problems:
+        lines.append("all fresh, no failures")
+        return "\n".join(lines)
+    by_asset: dict[str, Counter[str]] = defaultdict(Counter)
+    for a in problems:
+        by_asset[a.asset][a.state] += 1
+    lines.append(f"{'asset':<26}tenants needing attention")
+    for asset, counts in sorted(by_asset.items(), key=lambda item: -item[1].total()):
+        described = ", ".join(f"{n} {state}" for state, n in counts.most_common())
+        lines.append(f"{asset:<26}{described}")
+    by_tenant: dict[str, list[AssetStatus]] = defaultdict(list)
+    for a in problems:
+        by_tenant[a.tenant_id].append(a)
+    worst = sorted(by_tenant.items(), key=lambda item: (-len(item[1]), item[0]))
+    shown = worst[:WORST_TENANTS]
+    lines.append(
+        f"{len(problems)} of {len(status.assets)} need attention, in {len(by_tenant)} tenants;"
+        f" the {len(shown)} with the most:"
+    )
+    lines.extend(_problem(a) for _, assets in shown for a in assets)
+    return "\n".join(lines)
+
+
+def _render_assets(status: Status) -> str:
+    """A table (times in UTC), then what needs attention with its latest error."""
+    lines = _header(status)
     if not status.assets:
         lines.append("no active tenants")
         return "\n".join(lines)

@@ -27,6 +27,7 @@ CREATE SCHEMA audiences;
 CREATE TABLE marts.customers (
     tenant_id text, customer_key text, email text, phone_e164 text,
     first_name text, last_name text, country text,
+    email_sha256 text, phone_sha256 text, document text, is_newsletter_opt_in boolean,
     PRIMARY KEY (tenant_id, customer_key)
 );
 CREATE TABLE public.test_members (
@@ -37,15 +38,23 @@ CREATE MATERIALIZED VIEW audiences.{AUDIENCE} AS
 """
 
 # Customer i of a tenant: mixed-case e-mail, a national mobile number, accented names; every
-# tenth has neither e-mail nor phone (unmatchable).
+# tenth has neither e-mail nor phone (unmatchable). The hashes are the mart's: the normalized
+# e-mail and the E.164 phone. Newsletter: i % 3 = 0 opted in, 1 opted out, 2 never said.
 CUSTOMERS = """
 INSERT INTO marts.customers
-SELECT %(tenant)s, %(tenant)s || '-' || i,
-       CASE WHEN i %% 10 <> 9 THEN ' Cliente.' || i || '@Exemplo.COM.br ' END,
-       CASE WHEN i %% 10 <> 9
-            THEN '(11) 9' || (6000 + i %% 4000) || '-' || lpad((i %% 10000)::text, 4, '0') END,
-       'José', 'Conceição', 'BR'
-FROM generate_series(%(first)s::int, %(last)s::int) AS i
+SELECT tenant_id, customer_key, email, phone, 'José', 'Conceição', 'BR',
+       encode(sha256(convert_to(lower(btrim(email)), 'UTF8')), 'hex'),
+       encode(sha256(convert_to('+55' || regexp_replace(phone, '[^0-9]', '', 'g'), 'UTF8')),
+              'hex'),
+       NULL, CASE i %% 3 WHEN 0 THEN true WHEN 1 THEN false END
+FROM (
+    SELECT i, %(tenant)s AS tenant_id, %(tenant)s || '-' || i AS customer_key,
+           CASE WHEN i %% 10 <> 9 THEN ' Cliente.' || i || '@Exemplo.COM.br ' END AS email,
+           CASE WHEN i %% 10 <> 9
+                THEN '(11) 9' || (6000 + i %% 4000) || '-' || lpad((i %% 10000)::text, 4, '0')
+           END AS phone
+    FROM generate_series(%(first)s::int, %(last)s::int) AS i
+) AS customers
 ON CONFLICT DO NOTHING
 """
 

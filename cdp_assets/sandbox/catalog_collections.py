@@ -1,12 +1,25 @@
-"""Legacy CMS collections of one account: collection -> subcollections -> SKUs, kept in memory.
+"""Legacy CMS collections of one account: collection -> subcollection -> SKUs, kept in memory.
 
 Writes are the only state the client changes in the sandbox; they never touch the generated store.
+
+As VTEX's Catalog API has it (its OpenAPI spec, ``catalog-api.json``, and its known issues):
+- creating a collection requires every field of the spec's ``required`` list (Name,
+  Description, Searchable, Highlight, DateFrom, DateTo, TotalProducts, Type), a subcollection
+  CollectionId, Name, Type, PreSale and Release: a body missing one is refused (400);
+- adding a SKU to a subcollection that already holds it is refused (``AlreadyThere``, 409;
+  the status is the sandbox's choice, VTEX documents none);
+- fast successive "add SKU to subcollection" calls deadlock (known issue): ``deadlock_rate``
+  of SKU writes are answered 500 with the database's deadlock message, the write undone;
+- the products listing is read from the search index, which lags writes: a write shows in
+  it only ``listing_lag_seconds`` later.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+import random
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -16,8 +29,39 @@ if TYPE_CHECKING:
 SUBCOLLECTION_TYPES = ("Inclusive", "Exclusive")
 
 
+COLLECTION_REQUIRED = (
+    "Name",
+    "Description",
+    "Searchable",
+    "Highlight",
+    "DateFrom",
+    "DateTo",
+    "TotalProducts",
+    "Type",
+)
+SUBCOLLECTION_REQUIRED = ("CollectionId", "Name", "Type", "PreSale", "Release")
+DEADLOCK_MESSAGE = (
+    "Transaction (Process ID 71) was deadlocked on lock resources with another process and"
+    " has been chosen as the deadlock victim. Rerun the transaction."
+)
+
+
 class NotFound(LookupError):
     """The collection or subcollection does not exist (404)."""
+
+
+class AlreadyThere(ValueError):
+    """The SKU is already in the subcollection (409)."""
+
+
+class Deadlocked(RuntimeError):
+    """The write was chosen as a deadlock victim and undone (500)."""
+
+
+def _require(body: dict[str, Any], fields: tuple[str, ...]) -> None:
+    missing = [name for name in fields if name not in body]
+    if missing:
+        raise ValueError(f"Required fields missing: {', '.join(missing)}")
 
 
 @dataclass
@@ -30,6 +74,9 @@ class _Collection:
 class _Subcollection:
     document: dict[str, Any]
     skus: dict[int, None] = field(default_factory=dict)  # insertion-ordered set
+    # Writes not yet in the products listing: (time.monotonic() of the write, SKU, added?).
+    indexing: list[tuple[float, int, bool]] = field(default_factory=list)
+    listed: dict[int, None] = field(default_factory=dict)
 
 
 def _text(body: dict[str, Any], key: str, default: str | None = None) -> str:
@@ -61,9 +108,19 @@ class Collections:
         self._subcollections: dict[int, _Subcollection] = {}
         self._collection_ids = itertools.count(1001)
         self._subcollection_ids = itertools.count(5001)
+        self.deadlock_rate = 0.0
+        self.listing_lag_seconds = 0.0
+        self._random = random.Random(0)
+
+    def configure(self, deadlock_rate: float, listing_lag_seconds: float, seed: int) -> None:
+        if not 0.0 <= deadlock_rate < 1.0 or listing_lag_seconds < 0:
+            raise ValueError("deadlock_rate must be from 0 to below 1, listing_lag_seconds >= 0")
+        self.deadlock_rate, self.listing_lag_seconds = deadlock_rate, listing_lag_seconds
+        self._random = random.Random(seed)
 
     def create(self, body: Any) -> dict[str, Any]:
         body = _object(body)
+        _require(body, COLLECTION_REQUIRED)
         collection_id = next(self._collection_ids)
         document = {"Id": collection_id, "Type": "Manual", "TotalProducts": 0}
         document.update(self._collection_fields(body, {}))
@@ -88,6 +145,7 @@ class Collections:
 
     def create_subcollection(self, body: Any) -> dict[str, Any]:
         body = _object(body)
+        _require(body, SUBCOLLECTION_REQUIRED)
         collection_id = body.get("CollectionId")
         if isinstance(collection_id, bool) or not isinstance(collection_id, int):
             raise ValueError("CollectionId must be an integer")
@@ -119,11 +177,27 @@ class Collections:
             raise ValueError("SkuId must be an integer")
         if self._store.sku_row(sku_id) is None:
             raise ValueError(f"SKU {sku_id} does not exist")
+        self._maybe_deadlock()
+        if sku_id in subcollection.skus:
+            raise AlreadyThere(f"SKU {sku_id} is already in subcollection {sub_id}")
         subcollection.skus[sku_id] = None
+        subcollection.indexing.append((time.monotonic(), sku_id, True))
         return {"SubCollectionId": sub_id, "SkuId": sku_id}
 
     def remove_sku(self, sub_id: int, sku_id: int) -> None:
-        self._subcollection(sub_id).skus.pop(sku_id, None)
+        subcollection = self._subcollection(sub_id)
+        self._maybe_deadlock()
+        subcollection.skus.pop(sku_id, None)
+        subcollection.indexing.append((time.monotonic(), sku_id, False))
+
+    def delete_subcollection(self, sub_id: int) -> None:
+        subcollection = self._subcollection(sub_id)
+        self._collections[subcollection.document["CollectionId"]].subcollections.remove(sub_id)
+        del self._subcollections[sub_id]
+
+    def _maybe_deadlock(self) -> None:
+        if self.deadlock_rate and self._random.random() < self.deadlock_rate:
+            raise Deadlocked(DEADLOCK_MESSAGE)
 
     def products(self, collection_id: int, page: int, page_size: int) -> dict[str, Any]:
         rows = self._members(self._collection(collection_id))
@@ -158,19 +232,36 @@ class Collections:
             "DateTo": _text(body, "DateTo", current.get("DateTo")),
         }
 
+    def _indexed(self, subcollection: _Subcollection) -> dict[int, None]:
+        """The subcollection's SKUs as the search index has them: writes older than the lag."""
+        indexed_before = time.monotonic() - self.listing_lag_seconds
+        pending = subcollection.indexing
+        done = 0
+        while done < len(pending) and pending[done][0] <= indexed_before:
+            _, sku_id, added = pending[done]
+            if added:
+                subcollection.listed[sku_id] = None
+            else:
+                subcollection.listed.pop(sku_id, None)
+            done += 1
+        del pending[:done]
+        return subcollection.listed
+
     def _members(self, collection: _Collection) -> list[dict[str, Any]]:
         """SKUs of the inclusive subcollections minus those of the exclusive ones, in order."""
         from cdp_assets.sandbox.documents import product_name
 
         store = self._store
         subs = [self._subcollections[s] for s in collection.subcollections]
-        excluded = {sku for s in subs if s.document["Type"] == "Exclusive" for sku in s.skus}
+        excluded = {
+            sku for s in subs if s.document["Type"] == "Exclusive" for sku in self._indexed(s)
+        }
         rows: list[dict[str, Any]] = []
         seen: set[int] = set()
         for sub in subs:
             if sub.document["Type"] != "Inclusive":
                 continue
-            for sku_id in sub.skus:
+            for sku_id in self._indexed(sub):
                 if sku_id in excluded or sku_id in seen:
                     continue
                 seen.add(sku_id)

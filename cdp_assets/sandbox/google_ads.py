@@ -31,6 +31,14 @@ Behaviour worth knowing:
   which error a removed list gets, whether GAQL still lists it, whether its name is reused.
 * A run job reports RUNNING for ``running_polls`` status reads (GetOperation or a GAQL search
   returning it), then SUCCESS; with ``running_polls=0`` the run's own response is already done.
+  Its operations reach the list when it succeeds. Jobs "can take hours" and it is "far more
+  efficient to create a single large job than several smaller jobs"
+  (https://developers.google.com/google-ads/api/docs/remarketing/audience-segments/customer-match/get-started);
+  running a second job on a list while one is RUNNING fails with
+  ``database_error = CONCURRENT_MODIFICATION`` (the common-errors guide,
+  https://developers.google.com/google-ads/api/docs/best-practices/common-errors, names it for
+  concurrent changes to one resource; UNVERIFIED that the live API answers at the run rather
+  than failing the job).
 * GAQL: ``SELECT <fields of one resource> FROM user_list|offline_user_data_job
   [WHERE <field> = <literal> [AND ...]] [LIMIT n]``; fields are checked against the v26
   protos, and only selected fields (plus ``resource_name``) are returned. Anything else is
@@ -246,6 +254,7 @@ class GoogleAdsApi:
         ]
 
     def admit(self, call: Call) -> None:
+        self.store.process_due()
         if not str(call.metadata.get("developer-token", "")).strip():
             error = AdsError(
                 "request_error",
@@ -540,19 +549,49 @@ class GoogleAdsApi:
                     "The user list ID provided for the job is invalid.",
                     call,
                 )
+            if any(
+                other.list_id == job.list_id and other.status == "RUNNING"
+                for other in self._jobs.values()
+            ):
+                error = AdsError(
+                    "database_error",
+                    "CONCURRENT_MODIFICATION",
+                    "Multiple requests were attempting to modify the same resource at once."
+                    " Retry the request.",
+                )
+                raise failure(grpc.StatusCode.INVALID_ARGUMENT, [error], call)
             if request.validate_only:
                 return operations_pb2.Operation(name=job.operation_name, done=True)
-            now = self.store.clock()
-            for kind, key in job.staged:
-                if kind == "create":
-                    record.members[key] = now
-                elif kind == "remove":
-                    record.members.pop(key, None)
-                else:
-                    record.members.clear()
             job.running_polls_left = self.running_polls
-            job.status = "RUNNING" if self.running_polls else "SUCCESS"
+            job.status = "RUNNING"
+            if not self.running_polls:
+                self._complete(job)
             return self._operation(job)
+
+    def _observe(self, job: _Job) -> None:
+        """A status read of a RUNNING job: count it down, then let the job finish."""
+        if job.status != "RUNNING":
+            return
+        if job.running_polls_left > 0:
+            job.running_polls_left -= 1
+        else:
+            self._complete(job)
+
+    def _complete(self, job: _Job) -> None:
+        """The job's operations reach the list; a list removed meanwhile fails the job."""
+        record = self.store.lists.get(job.list_id)
+        if record is None:
+            job.status = "FAILED"
+            return
+        now = self.store.clock()
+        for kind, key in job.staged:
+            if kind == "create":
+                record.members[key] = now
+            elif kind == "remove":
+                record.members.pop(key, None)
+            else:
+                record.members.clear()
+        job.status = "SUCCESS"
 
     def _get_operation(self, request: Message, call: Call) -> operations_pb2.Operation:
         with self.store.lock:
@@ -561,7 +600,7 @@ class GoogleAdsApi:
                 _raise_request_error(
                     "RESOURCE_NOT_FOUND", f"Operation {request.name!r} not found.", call
                 )
-            _observe(job)
+            self._observe(job)
             return self._operation(job)
 
     def _operation(self, job: _Job) -> operations_pb2.Operation:
@@ -619,7 +658,7 @@ class GoogleAdsApi:
                     continue
                 if isinstance(candidate, _Job):
                     # Only jobs the caller actually reads count as status polls.
-                    _observe(candidate)
+                    self._observe(candidate)
                     row = self._row(candidate)
                 selected = _ROW()
                 field_mask_pb2.FieldMask(
@@ -703,16 +742,6 @@ class GoogleAdsApi:
         if not partial:
             raise failure(grpc.StatusCode.INVALID_ARGUMENT, ads_errors, call)
         return _partial_failure(ads_errors, call.request_id)
-
-
-def _observe(job: _Job) -> None:
-    """A status read of a RUNNING job: count it down, then let the job finish."""
-    if job.status != "RUNNING":
-        return
-    if job.running_polls_left > 0:
-        job.running_polls_left -= 1
-    else:
-        job.status = "SUCCESS"
 
 
 def _raise_request_error(name: str, message: str, call: Call) -> NoReturn:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import heapq
 import itertools
 import re
 import threading
@@ -134,6 +135,13 @@ class AudienceStore:
     def __init__(self, clock: Callable[[], float], match_rate_percent: int) -> None:
         # Hashed values whose operations Google Ads refuses (partial failure), see refuse().
         self.refused: frozenset[str] = frozenset()
+        # Hashed values whose records fail while Data Manager processes an acknowledged
+        # request, see fail_in_processing().
+        self.failing_in_processing: frozenset[str] = frozenset()
+        # Work acknowledged and not yet done, by due time (time.monotonic()): applied by
+        # process_due(), which every call and every test accessor runs first.
+        self._due: list[tuple[float, int, Callable[[], None]]] = []
+        self._order = itertools.count()
         if not 0 <= match_rate_percent <= 100:
             raise ValueError("match_rate_percent must lie in [0, 100]")
         self.clock = clock
@@ -142,6 +150,18 @@ class AudienceStore:
         self.lists: dict[int, UserListRecord] = {}
         # Ids look like real user list ids and never collide across accounts.
         self._ids = itertools.count(9_100_000_001)
+
+    def schedule(self, delay_seconds: float, work: Callable[[], None]) -> None:
+        """Do `work` once `delay_seconds` have passed, after the work scheduled before it
+        (caller holds the lock)."""
+        heapq.heappush(self._due, (time.monotonic() + delay_seconds, next(self._order), work))
+
+    def process_due(self, *, everything: bool = False) -> None:
+        """Apply the work whose time has come (all of it with `everything`), in order."""
+        with self.lock:
+            now = time.monotonic()
+            while self._due and (everything or self._due[0][0] <= now):
+                heapq.heappop(self._due)[2]()
 
     def find(self, account_id: str, list_id: int) -> UserListRecord | None:
         record = self.lists.get(list_id)

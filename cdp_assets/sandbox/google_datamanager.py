@@ -4,8 +4,19 @@ Serves ``UserListService`` (Create/Get/List/DeleteUserList) and the audience met
 ``IngestionService``. Like the real API it fails fast: any violation fails the whole request
 with INVALID_ARGUMENT, a ``google.rpc.ErrorInfo`` (reason = the first violation's
 ``ErrorReason`` name, domain ``datamanager.googleapis.com``) and a ``google.rpc.BadRequest``
-listing up to :data:`MAX_REPORTED_ERRORS` field violations. Requests are processed
-synchronously, so ``RetrieveRequestStatus`` answers SUCCESS at once.
+listing up to :data:`MAX_REPORTED_ERRORS` field violations.
+
+An accepted request is only acknowledged: like the real API it is processed later, and records
+can still fail then. The diagnostics guide
+(https://developers.google.com/data-manager/api/devguides/diagnostics) has the caller capture
+each ``request_id`` and poll ``RetrieveRequestStatus`` until every destination reaches
+SUCCESS, PARTIAL_SUCCESS or FAILED, 30 minutes to 24 hours later. The sandbox applies a request
+``processing_seconds`` after it was acknowledged (in order), and answers PROCESSING until then;
+members given to ``fail_in_processing`` fail at that point: left out of the list, counted in
+``error_info.error_counts`` (PROCESSING_ERROR_REASON_INVALID_FORMAT) of a PARTIAL_SUCCESS, or
+FAILED when no record succeeded. As in the API, the status counts failed records and never
+names them. A member's add time (``remove_as_of_time`` compares against it) is the request's
+receipt; UNVERIFIED whether Google stamps receipt or processing.
 
 Choices where the documentation leaves room (cf. the google-data-manager.md research notes):
 
@@ -33,7 +44,7 @@ Choices where the documentation leaves room (cf. the google-data-manager.md rese
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import grpc
@@ -158,9 +169,15 @@ class _Target:
 class DataManagerApi:
     """Handlers for the Data Manager services over the shared :class:`AudienceStore`."""
 
-    def __init__(self, store: AudienceStore) -> None:
+    def __init__(self, store: AudienceStore, processing_seconds: float) -> None:
+        if processing_seconds < 0:
+            raise ValueError("processing_seconds must be >= 0")
         self.store = store
+        self.processing_seconds = processing_seconds
+        # Final statuses, and the requests acknowledged but not yet processed (with the
+        # destinations they name, for their PROCESSING status).
         self._statuses: dict[str, list[dm.RequestStatusPerDestination]] = {}
+        self._processing: dict[str, list[dm.Destination]] = {}
 
     def rpcs(self) -> list[Rpc]:
         return [
@@ -180,6 +197,7 @@ class DataManagerApi:
         ]
 
     def admit(self, call: Call) -> None:
+        self.store.process_due()
         login = call.metadata.get("login-account")
         if login is not None and not _LOGIN_HEADER.fullmatch(str(login)):
             raise error(
@@ -396,16 +414,42 @@ class DataManagerApi:
             targets = self._targets(request, members, violations)
             violations.raise_if_any()
             if not request.validate_only:
-                now = self.store.clock()
-                statuses = []
-                for target in targets:
+                received = self.store.clock()
+
+                def ingest(target: _Target) -> dm.RequestStatusPerDestination:
                     chosen = _for_target(members, target)
-                    record = self.store.lists[target.list_id]
-                    for member in chosen:
-                        record.members[member.key] = now
-                    statuses.append(self._ingest_status(request, target, chosen))
-                self._statuses[call.request_id] = statuses
+                    record = self.store.lists.get(target.list_id)
+                    applied = [m for m in chosen if not self._fails_in_processing(m)]
+                    if record is not None:
+                        for member in applied:
+                            record.members[member.key] = received
+                    status = self._ingest_status(request, target, applied)
+                    return _with_failures(status, len(chosen) - len(applied), record is None)
+
+                self._acknowledge(request, call, targets, ingest)
         return dm.IngestAudienceMembersResponse(request_id=call.request_id)
+
+    def _fails_in_processing(self, member: _Member) -> bool:
+        return member.key.split(":", 1)[1] in self.store.failing_in_processing
+
+    def _acknowledge(
+        self,
+        request: Message,
+        call: Call,
+        targets: list[_Target],
+        apply: Callable[[_Target], dm.RequestStatusPerDestination],
+    ) -> None:
+        """Process the request `processing_seconds` from now (caller holds the lock)."""
+        request_id = call.request_id
+        self._processing[request_id] = [
+            dm.Destination.wrap(request.destinations[t.index]) for t in targets
+        ]
+
+        def process() -> None:
+            del self._processing[request_id]
+            self._statuses[request_id] = [apply(target) for target in targets]
+
+        self.store.schedule(self.processing_seconds, process)
 
     def _remove(self, request: Message, call: Call) -> dm.RemoveAudienceMembersResponse:
         violations = Violations()
@@ -414,14 +458,17 @@ class DataManagerApi:
             targets = self._targets(request, members, violations)
             violations.raise_if_any()
             if not request.validate_only:
-                statuses = []
-                for target in targets:
+
+                def remove(target: _Target) -> dm.RequestStatusPerDestination:
                     chosen = _for_target(members, target)
-                    record = self.store.lists[target.list_id]
-                    for member in chosen:
-                        record.members.pop(member.key, None)
-                    statuses.append(self._removal_status(request, target, chosen))
-                self._statuses[call.request_id] = statuses
+                    record = self.store.lists.get(target.list_id)
+                    if record is not None:
+                        for member in chosen:
+                            record.members.pop(member.key, None)
+                    status = self._removal_status(request, target, chosen)
+                    return _with_failures(status, 0, record is None)
+
+                self._acknowledge(request, call, targets, remove)
         return dm.RemoveAudienceMembersResponse(request_id=call.request_id)
 
     def _remove_all(self, request: Message, call: Call) -> dm.RemoveAllAudienceMembersResponse:
@@ -441,28 +488,38 @@ class DataManagerApi:
             targets = self._targets(request, [], violations)
             violations.raise_if_any()
             if not request.validate_only:
-                statuses = []
-                for target in targets:
-                    record = self.store.lists[target.list_id]
-                    if cutoff is None:
-                        record.members.clear()
-                    else:
-                        stale = [k for k, added in record.members.items() if added < cutoff]
+
+                def remove_all(target: _Target) -> dm.RequestStatusPerDestination:
+                    record = self.store.lists.get(target.list_id)
+                    if record is not None:
+                        stale = [
+                            k
+                            for k, added in record.members.items()
+                            if cutoff is None or added < cutoff
+                        ]
                         for key in stale:
                             del record.members[key]
-                    statuses.append(
-                        _S(
-                            destination=dm.Destination.wrap(request.destinations[target.index]),
-                            request_status=_S.RequestStatus.SUCCESS,
-                            remove_all_audience_members_status=_S.RemoveAllAudienceMembersStatus(),
-                        )
+                    status = _S(
+                        destination=dm.Destination.wrap(request.destinations[target.index]),
+                        request_status=_S.RequestStatus.SUCCESS,
+                        remove_all_audience_members_status=_S.RemoveAllAudienceMembersStatus(),
                     )
-                self._statuses[call.request_id] = statuses
+                    return _with_failures(status, 0, record is None)
+
+                self._acknowledge(request, call, targets, remove_all)
         return dm.RemoveAllAudienceMembersResponse(request_id=call.request_id)
 
     def _status(self, request: Message, call: Call) -> dm.RetrieveRequestStatusResponse:
         with self.store.lock:
             statuses = self._statuses.get(request.request_id)
+            processing = self._processing.get(request.request_id)
+        if processing is not None:
+            return dm.RetrieveRequestStatusResponse(
+                request_status_per_destination=[
+                    _S(destination=d, request_status=_S.RequestStatus.PROCESSING)
+                    for d in processing
+                ]
+            )
         if statuses is None:
             raise error(
                 grpc.StatusCode.INVALID_ARGUMENT,
@@ -658,6 +715,40 @@ class DataManagerApi:
             request_status=_S.RequestStatus.SUCCESS,
             audience_members_removal_status=status,
         )
+
+
+def _with_failures(
+    status: dm.RequestStatusPerDestination, failed: int, list_gone: bool
+) -> dm.RequestStatusPerDestination:
+    """The status once processed: records that failed make it PARTIAL_SUCCESS, or FAILED when
+    none succeeded (or the list was deleted in the meantime)."""
+    records = _record_count(status)
+    if list_gone:
+        status.request_status = _S.RequestStatus.FAILED
+        failed = max(failed, records, 1)
+    elif failed:
+        status.request_status = (
+            _S.RequestStatus.PARTIAL_SUCCESS if records else _S.RequestStatus.FAILED
+        )
+    if failed:
+        status.error_info = dm.ErrorInfo(
+            error_counts=[
+                dm.ErrorCount(
+                    record_count=failed,
+                    reason=dm.ProcessingErrorReason.PROCESSING_ERROR_REASON_INVALID_FORMAT,
+                )
+            ]
+        )
+    return status
+
+
+def _record_count(status: dm.RequestStatusPerDestination) -> int:
+    ingestion = status.audience_members_ingestion_status
+    if ingestion.user_data_ingestion_status:
+        return ingestion.user_data_ingestion_status.record_count
+    if ingestion.composite_data_ingestion_status:
+        return ingestion.composite_data_ingestion_status.record_count
+    return 0
 
 
 def _for_target(members: list[_Member], target: _Target) -> list[_Member]:

@@ -82,8 +82,10 @@ class GoogleSandbox:
     ``match_rate_percent`` drives every reported match rate (Data Manager
     ``upload_match_rate_range`` / ``match_rate_percentage``, Ads job ``match_rate_range`` and
     list ``match_rate_percentage``); list sizes are the member counts. ``running_polls`` is how
-    many status reads see a run Ads job RUNNING before it reports SUCCESS. ``clock`` stamps
-    member add times (Data Manager ``remove_as_of_time`` compares against it).
+    many status reads see a run Ads job RUNNING before it reports SUCCESS;
+    ``processing_seconds`` how long after its acknowledgement a Data Manager request is
+    processed (Google: 30 minutes to 24 hours; tests move time on with ``process_pending``).
+    ``clock`` stamps member add times (Data Manager ``remove_as_of_time`` compares against it).
     """
 
     def __init__(
@@ -91,13 +93,17 @@ class GoogleSandbox:
         *,
         match_rate_percent: int = 72,
         running_polls: int = 1,
+        processing_seconds: float = 0.2,
         clock: Callable[[], float] = time.time,
         max_workers: int = 8,
     ) -> None:
         self._store = AudienceStore(clock, match_rate_percent)
         self._recorder = Recorder()
         self._faults = FaultQueue()
-        self._apis = (DataManagerApi(self._store), GoogleAdsApi(self._store, running_polls))
+        self._apis = (
+            DataManagerApi(self._store, processing_seconds),
+            GoogleAdsApi(self._store, running_polls),
+        )
         self._methods = frozenset(rpc.method for api in self._apis for rpc in api.rpcs())
         self._max_workers = max_workers
         self._server: grpc.Server | None = None
@@ -164,6 +170,18 @@ class GoogleSandbox:
         self._faults.clear()
         with self._store.lock:
             self._store.refused = frozenset()
+            self._store.failing_in_processing = frozenset()
+
+    def fail_in_processing(self, values: Iterable[str]) -> None:
+        """Data Manager records carrying any of these hashed values are acknowledged, then fail
+        when the request is processed (counted, never named, in its status).
+        ``clear_faults`` forgets them."""
+        with self._store.lock:
+            self._store.failing_in_processing = frozenset(values)
+
+    def process_pending(self) -> None:
+        """Let the time pass: every acknowledged Data Manager request is processed now."""
+        self._store.process_due(everything=True)
 
     def refuse(self, values: Iterable[str]) -> None:
         """Members carrying any of these hashed values are refused: Google Ads operations
@@ -175,10 +193,12 @@ class GoogleSandbox:
 
     def members(self, user_list: int | str) -> set[str]:
         """Member keys of a list given by id or either API's resource name."""
+        self._store.process_due()
         with self._store.lock:
             return set(self._store.resolve(user_list).members)
 
     def user_lists(self) -> list[SandboxUserList]:
+        self._store.process_due()
         with self._store.lock:
             return [
                 r.snapshot() for r in sorted(self._store.lists.values(), key=lambda r: r.list_id)

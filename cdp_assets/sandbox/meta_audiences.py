@@ -14,6 +14,13 @@ Where Meta documents behaviour but not its exact shape, the sandbox picks one an
   no rounding, so a test sees the effect of each upload at once.
 * ``operation_status`` during a replace is ``{"code": 300, "description": "Replace in
   progress"}``; Meta names the state but the code here is the sandbox's own.
+
+A replace is processed after its last batch lands, as Meta does ("it usually takes up to 24
+hours" for the changes to apply, and while a replace runs, adding or removing users fails with
+2650 / 1870145 "Audience Update In Progress":
+https://developers.facebook.com/docs/marketing-api/reference/custom-audience/usersreplace/).
+The new membership is what the sandbox holds from the last batch on, but the audience stays
+locked, its ``operation_status`` "Replace in progress", for ``replace_lock_seconds`` more.
 """
 
 from __future__ import annotations
@@ -77,6 +84,9 @@ UPDATE_FAILED = 2650  # Graph code shared by every replace-session error
 REPLACE_IN_PROGRESS = 1870145
 FIRST_BATCH_NOT_SEEN = 1870147
 SESSION_FINISHED = 1870159
+# How long Meta keeps processing a replace after its last batch: hours in production, a
+# fraction of a second by default here so that tests wait little for it.
+REPLACE_LOCK_SECONDS = 0.2
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _RANK = {key: rank for rank, key in enumerate(IDENTITY_PRECEDENCE)}
@@ -296,6 +306,11 @@ class Audience:
     received: dict[int, int] = field(default_factory=dict)  # /users session id -> rows so far
     replace: _Replace | None = None
     finished_replaces: set[int] = field(default_factory=set)
+    processing_until: float = 0.0  # time.monotonic() at which the last replace is processed
+
+    def replacing(self) -> bool:
+        """A replace session is open, or its batches are still being processed."""
+        return self.replace is not None or time.monotonic() < self.processing_until
 
     def read(self, fields: Sequence[str]) -> dict[str, Any]:
         """The Graph node with fields checked by :func:`read_fields` (``id`` always included)."""
@@ -309,7 +324,7 @@ class Audience:
             "customer_file_source": self.customer_file_source,
             "approximate_count_lower_bound": count,
             "approximate_count_upper_bound": count,
-            "operation_status": dict(_NORMAL if self.replace is None else _REPLACING),
+            "operation_status": dict(_REPLACING if self.replacing() else _NORMAL),
             "delivery_status": dict(_READY),
             "time_created": self.time_created,
             "time_updated": self.time_updated,
@@ -336,6 +351,7 @@ class AudienceBook:
         self.by_id: dict[str, Audience] = {}
         self.by_account: dict[str, list[str]] = {}
         self.refused: frozenset[str] = frozenset()
+        self.replace_lock_seconds = REPLACE_LOCK_SECONDS
         # Graph ids are large numeric strings; start in a range that looks like one.
         self._ids = itertools.count(23_851_000_000_000_001)
         self._session_ids = itertools.count(1_000_000_001)
@@ -385,10 +401,10 @@ class AudienceBook:
         self, audience: Audience, payload: Any, session: Any, *, remove: bool
     ) -> dict[str, Any]:
         """``POST /{id}/users`` (add) or its ``DELETE`` form (remove)."""
-        if audience.replace is not None:
+        if audience.replacing():
             raise GraphError(
                 UPDATE_FAILED,
-                "Audience update in progress: a replace session is running on this audience",
+                "Audience update in progress: a replace is running on this audience",
                 subcode=REPLACE_IN_PROGRESS,
                 user_title="Audience Update In Progress",
                 user_msg="Wait for the replace session to finish before adding or removing users.",
@@ -422,10 +438,12 @@ class AudienceBook:
                 user_title="Session Already Finished",
                 user_msg="Start a new replace session with a new session_id.",
             )
-        if running is not None and running.session_id != session_id:
+        if (running is not None and running.session_id != session_id) or (
+            running is None and audience.replacing()
+        ):
             raise GraphError(
                 UPDATE_FAILED,
-                f"Audience update in progress: replace session {running.session_id} is running",
+                "Audience update in progress: an earlier replace session is still running",
                 subcode=REPLACE_IN_PROGRESS,
                 user_title="Audience Update In Progress",
                 user_msg="Only one replace session can run on an audience at a time.",
@@ -447,5 +465,6 @@ class AudienceBook:
             audience.members = running.staged
             audience.replace = None
             audience.finished_replaces.add(session_id)
+            audience.processing_until = time.monotonic() + self.replace_lock_seconds
             audience.time_updated = int(time.time())
         return _upload_result(audience, session_id, running.received, batch)

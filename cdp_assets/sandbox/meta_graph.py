@@ -30,6 +30,20 @@ Each Graph request goes through, in order:
    (https://developers.facebook.com/docs/graph-api/securing-requests#appsecret_proof).
 4. The route's handler.
 
+Listings are paged as the Graph API pages an edge ("Paginated Results",
+https://developers.facebook.com/docs/graph-api/results): ``limit`` objects a page (25 unless the
+request asks otherwise), ``paging.cursors.before/after``, and ``paging.next`` while more remain.
+
+Calls on an ad account count against its Business Use Case limit, reported on every answer in
+``X-Business-Use-Case-Usage`` (``{"<account id>": [{"type": "custom_audience", "call_count",
+"total_cputime", "total_time", "estimated_time_to_regain_access"}]}``, percentages and minutes)
+and ``X-Ad-Account-Usage`` (``{"acc_id_util_pct", "reset_time_duration",
+"ads_api_access_tier"}``), as "Marketing API Rate Limiting" describes
+(https://developers.facebook.com/docs/marketing-api/overview/rate-limiting). Past 100 % of
+:attr:`GraphLimits.calls_per_window` calls in the rolling window, every call on the account is
+answered 80003 for :attr:`GraphLimits.throttle_seconds`. The three percentages are the same
+number here: the sandbox counts calls, not CPU time.
+
 Every request, whatever its outcome, is recorded with ``payload``/``session`` parsed from JSON.
 State is guarded by one lock: handlers run in Starlette's threadpool while tests read the state
 from their own thread.
@@ -43,17 +57,18 @@ import contextlib
 import hashlib
 import hmac
 import itertools
+import math
 import re
 import socket
 import threading
 import time
-from collections import deque
+from collections import defaultdict, deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from functools import partial
 from types import TracebackType
 from typing import Any
-from urllib.parse import parse_qsl
+from urllib.parse import parse_qsl, urlencode
 
 import orjson
 import uvicorn
@@ -65,6 +80,7 @@ from starlette.routing import Route
 
 from cdp_assets.sandbox.meta_audiences import (
     READABLE_FIELDS,
+    REPLACE_LOCK_SECONDS,
     Audience,
     AudienceBook,
     GraphError,
@@ -73,16 +89,33 @@ from cdp_assets.sandbox.meta_audiences import (
 )
 
 MAX_URL_BYTES = 16 * 1024
-# Faults answered with a Graph error body ("bad_gateway_html" is the one that is not). Built per
-# request: re-raising one exception instance would keep growing its traceback.
-_FAULT_ERRORS: dict[str, Callable[[], GraphError]] = {
-    "rate_limit": partial(
-        GraphError,
+DEFAULT_PAGE_SIZE = 25
+MAX_PAGE_SIZE = 500
+
+
+@dataclass(frozen=True)
+class GraphLimits:
+    """How the sandbox paces its callers. The defaults keep tests fast and never throttle."""
+
+    replace_lock_seconds: float = REPLACE_LOCK_SECONDS
+    calls_per_window: int = 1_000_000
+    window_seconds: float = 3600.0
+    throttle_seconds: float = 300.0
+
+
+def _throttled() -> GraphError:
+    return GraphError(
         80003,
         "(#80003) There have been too many calls to this ad-account. Wait a bit and try again.",
         subcode=2446289,
         transient=True,
-    ),
+    )
+
+
+# Faults answered with a Graph error body ("bad_gateway_html" is the one that is not). Built per
+# request: re-raising one exception instance would keep growing its traceback.
+_FAULT_ERRORS: dict[str, Callable[[], GraphError]] = {
+    "rate_limit": _throttled,
     "user_rate_limit": partial(
         GraphError, 17, "(#17) User request limit reached", subcode=2446079, transient=True
     ),
@@ -172,6 +205,7 @@ class _Reply:
     status: int
     body: bytes
     media_type: str
+    headers: dict[str, str] = field(default_factory=dict)
 
 
 def _account_id(value: str) -> str:
@@ -218,13 +252,16 @@ class _Call:
     graph: _Graph
     accounts: frozenset[str]
     method: str  # HTTP method as sent
+    path: str
     path_params: dict[str, str]
     params: dict[str, Any]  # query and form fields merged, as Graph reads them
+    headers: dict[str, str] = field(default_factory=dict)  # usage headers of the answer
 
     def account(self) -> str:
         account = self.path_params["account"]
         if account not in self.accounts:
             raise _permission_error(f"ad account act_{account}")
+        self.graph.usage.admit(account, self.headers)
         return account
 
     def audience(self) -> Audience:
@@ -234,6 +271,7 @@ class _Call:
             raise _unsupported(self.method, audience_id)
         if audience.account_id not in self.accounts:
             raise _permission_error(f"custom audience {audience_id}")
+        self.graph.usage.admit(audience.account_id, self.headers)
         return audience
 
     def required(self, name: str) -> Any:
@@ -249,14 +287,36 @@ def _cursor(audience_id: str) -> str:
     return base64.urlsafe_b64encode(audience_id.encode()).decode()
 
 
+def _page_size(raw: Any) -> int:
+    if raw is None:
+        return DEFAULT_PAGE_SIZE
+    if not str(raw).isdigit() or not 1 <= int(raw) <= MAX_PAGE_SIZE:
+        raise invalid_parameter(f"limit must be an integer from 1 to {MAX_PAGE_SIZE}")
+    return int(raw)
+
+
 def _list_audiences(call: _Call) -> dict[str, Any]:
     fields = read_fields(call.params.get("fields"))
-    data = [audience.read(fields) for audience in call.graph.book.in_account(call.account())]
+    size = _page_size(call.params.get("limit"))
+    audiences = call.graph.book.in_account(call.account())
+    start = 0
+    after = call.params.get("after")
+    if after:
+        ids = [_cursor(audience.id) for audience in audiences]
+        if after not in ids:
+            raise invalid_parameter("The after cursor is not valid")
+        start = ids.index(after) + 1
+    data = [audience.read(fields) for audience in audiences[start : start + size]]
     if not data:
         return {"data": []}
-    # No "next" link: the SDK's Cursor stops after this page.
     cursors = {"before": _cursor(data[0]["id"]), "after": _cursor(data[-1]["id"])}
-    return {"data": data, "paging": {"cursors": cursors}}
+    paging: dict[str, Any] = {"cursors": cursors}
+    if start + size < len(audiences):
+        query = {"limit": size, "after": cursors["after"]}
+        if call.params.get("fields"):
+            query["fields"] = call.params["fields"]
+        paging["next"] = f"{call.graph.base_url}{call.path}?{urlencode(query)}"
+    return {"data": data, "paging": paging}
 
 
 def _create_audience(call: _Call) -> dict[str, Any]:
@@ -290,19 +350,72 @@ def _no_route(call: _Call) -> dict[str, Any]:
     raise _unsupported(call.method, segments[-1] if segments else "")
 
 
+class _Usage:
+    """Calls per ad account in the rolling window, and the accounts throttled until when."""
+
+    def __init__(self, limits: GraphLimits) -> None:
+        self.limits = limits
+        self.calls: defaultdict[str, deque[float]] = defaultdict(deque)
+        self.throttled_until: dict[str, float] = {}
+
+    def record(self, account: str, calls: int) -> None:
+        self.calls[account].extend([time.monotonic()] * calls)
+
+    def admit(self, account: str, headers: dict[str, str]) -> None:
+        """Count a call on the account, or refuse it with 80003 while the account is
+        throttled; the answer's usage headers go into ``headers`` either way."""
+        now = time.monotonic()
+        limits = self.limits
+        calls = self.calls[account]
+        while calls and calls[0] <= now - limits.window_seconds:
+            calls.popleft()
+        until = self.throttled_until.get(account, 0.0)
+        if until <= now:
+            calls.append(now)
+            if len(calls) > limits.calls_per_window:
+                until = self.throttled_until[account] = now + limits.throttle_seconds
+        percent = min(100, round(100 * len(calls) / limits.calls_per_window))
+        regain = math.ceil((until - now) / 60) if until > now else 0
+        usage = {
+            "type": "custom_audience",
+            "call_count": percent,
+            "total_cputime": percent,
+            "total_time": percent,
+            "estimated_time_to_regain_access": regain,
+            "ads_api_access_tier": "standard_access",
+        }
+        headers["X-Business-Use-Case-Usage"] = orjson.dumps({account: [usage]}).decode()
+        headers["X-Ad-Account-Usage"] = orjson.dumps(
+            {
+                "acc_id_util_pct": percent,
+                "reset_time_duration": round(max(until - now, 0)),
+                "ads_api_access_tier": "standard_access",
+            }
+        ).decode()
+        if until > now:
+            raise _throttled()
+
+
 class _Graph:
     """Everything the app serves and records, guarded by ``lock``."""
 
     def __init__(
-        self, access_tokens: Mapping[str, Iterable[str]], app_secret: str | None = None
+        self,
+        access_tokens: Mapping[str, Iterable[str]],
+        app_secret: str | None = None,
+        limits: GraphLimits = GraphLimits(),
     ) -> None:
         self.app_secret = app_secret
+        self.default_limits = limits
+        self.usage = _Usage(limits)
+        self.base_url = ""  # the sandbox's own URL, for paging links
         self.tokens: dict[str, frozenset[str]] = {}
         for token, accounts in access_tokens.items():
             if isinstance(accounts, str):
                 raise TypeError(f"accounts of token {token!r} must be a collection of ids")
             self.tokens[token] = frozenset(_account_id(account) for account in accounts)
         self.book = AudienceBook()
+        self.book.replace_lock_seconds = limits.replace_lock_seconds
         self.lock = threading.Lock()
         self.recorded: list[RecordedRequest] = []
         self.faults: deque[tuple[str, str]] = deque()  # (kind, path_contains), oldest first
@@ -326,6 +439,7 @@ class _Graph:
         form = _params(parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True))
         with self.lock:
             fault = None
+            call: _Call | None = None
             try:
                 if url_bytes > MAX_URL_BYTES:
                     reply = _Reply(414, _URI_TOO_LONG, _HTML)
@@ -342,10 +456,11 @@ class _Graph:
                         raise _FAULT_ERRORS[fault]()
                     else:
                         call = self._call(method, path, path_params, {**query, **form})
-                        reply = _Reply(200, orjson.dumps(handler(call)), _JSON)
+                        reply = _Reply(200, orjson.dumps(handler(call)), _JSON, call.headers)
             except GraphError as error:
                 trace_id = f"SandboxTrace{next(self._trace_ids):010d}"
-                reply = _Reply(error.status, orjson.dumps(error.body(trace_id)), _JSON)
+                headers = call.headers if call is not None else {}
+                reply = _Reply(error.status, orjson.dumps(error.body(trace_id)), _JSON, headers)
             self.recorded.append(
                 RecordedRequest(
                     method,
@@ -379,7 +494,7 @@ class _Graph:
         version = path_params.get("version")
         if version is not None and not _VERSION.fullmatch(version):
             raise _unsupported(method, path)
-        return _Call(self, accounts, method, path_params, params)
+        return _Call(self, accounts, method, path, path_params, params)
 
     def _take_fault(self, path: str) -> str | None:
         for index, (kind, path_contains) in enumerate(self.faults):
@@ -423,7 +538,9 @@ def _graph_route(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
             while not await request.is_disconnected():
                 await asyncio.sleep(0.05)
             return Response(b"", status_code=504)
-        return Response(reply.body, status_code=reply.status, media_type=reply.media_type)
+        return Response(
+            reply.body, status_code=reply.status, media_type=reply.media_type, headers=reply.headers
+        )
 
     return endpoint
 
@@ -488,9 +605,13 @@ class MetaSandbox:
     """
 
     def __init__(
-        self, access_tokens: Mapping[str, Iterable[str]], *, app_secret: str | None = None
+        self,
+        access_tokens: Mapping[str, Iterable[str]],
+        *,
+        app_secret: str | None = None,
+        limits: GraphLimits = GraphLimits(),
     ) -> None:
-        self._graph = _Graph(access_tokens, app_secret)
+        self._graph = _Graph(access_tokens, app_secret, limits)
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
         self._listener: socket.socket | None = None
@@ -512,6 +633,7 @@ class MetaSandbox:
         listener.listen(128)
         self._listener = listener
         self._port = listener.getsockname()[1]
+        self._graph.base_url = self.graph_url
         config = uvicorn.Config(
             _build_app(self._graph),
             http="h11",
@@ -596,9 +718,23 @@ class MetaSandbox:
             self._graph.faults.extend([(fault, path_contains)] * times)
 
     def clear_faults(self) -> None:
+        """Forget injected faults, refused values, usage and throttling, and go back to the
+        limits the sandbox was started with."""
         with self._graph.lock:
             self._graph.faults.clear()
             self._graph.book.refused = frozenset()
+        self.set_limits(self._graph.default_limits)
+
+    def set_limits(self, limits: GraphLimits) -> None:
+        """Pace callers by these limits from now on, with no call counted yet."""
+        with self._graph.lock:
+            self._graph.usage = _Usage(limits)
+            self._graph.book.replace_lock_seconds = limits.replace_lock_seconds
+
+    def use(self, account_id: str, calls: int) -> None:
+        """Count ``calls`` calls on the ad account now, as another app of the business would."""
+        with self._graph.lock:
+            self._graph.usage.record(_account_id(account_id), calls)
 
     def refuse(self, values: Iterable[str]) -> None:
         """Drop rows holding any of these values as invalid (counted, sampled by row index),

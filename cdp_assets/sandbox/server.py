@@ -47,7 +47,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from cdp_assets.sandbox.catalog_collections import Collections, NotFound
+from cdp_assets.sandbox.catalog_collections import AlreadyThere, Collections, Deadlocked, NotFound
 from cdp_assets.sandbox.documents import (
     customer_document,
     order_bytes,
@@ -295,6 +295,10 @@ def _api(family: str, name: str, handler: Handler) -> Callable[[Request], Awaita
             return _error(error.status, error.message)
         except NotFound as error:
             return _error(404, str(error))
+        except AlreadyThere as error:
+            return _error(409, str(error))
+        except Deadlocked as error:
+            return _error(500, str(error))
         except ValueError as error:  # invalid input reported by the domain modules
             return _error(400, str(error))
         finally:
@@ -684,6 +688,11 @@ async def create_subcollection(call: _Call) -> Response:
     return _json(call.account.collections.create_subcollection(await _body(call.request)))
 
 
+async def delete_subcollection(call: _Call) -> Response:
+    call.account.collections.delete_subcollection(_path_int(call, "subcollection_id"))
+    return _empty_ok()
+
+
 async def list_subcollections(call: _Call) -> Response:
     return _json(call.account.collections.subcollections(_path_int(call, "collection_id")))
 
@@ -842,6 +851,23 @@ async def stats(request: Request) -> Response:
     )
 
 
+async def configure_collections(request: Request) -> Response:
+    """How the account's collections misbehave (see catalog_collections.py)."""
+    body = await _body(request)
+    if not isinstance(body, dict):
+        raise ApiError(400, "body must be a JSON object")
+    try:
+        rate = float(body.get("deadlock_rate", 0.0))
+        lag = float(body.get("listing_lag_seconds", 0.0))
+        seed = int(body.get("seed", 0))
+    except (TypeError, ValueError):
+        raise ApiError(
+            400, 'body must be {"deadlock_rate": float, "listing_lag_seconds": float, "seed": int}'
+        ) from None
+    _admin_account(request).collections.configure(rate, lag, seed)
+    return _empty_ok()
+
+
 async def mutate(request: Request) -> Response:
     account = _admin_account(request)
     body = await _body(request)
@@ -989,6 +1015,13 @@ def build_app(stores: list[Store]) -> Starlette:
             "POST",
         ),
         api(
+            "/catalog/pvt/subcollection/{subcollection_id}",
+            "collections",
+            "delete_subcollection",
+            delete_subcollection,
+            "DELETE",
+        ),
+        api(
             "/catalog/pvt/subcollection/{subcollection_id}/stockkeepingunit",
             "collections",
             "add_subcollection_sku",
@@ -1014,6 +1047,7 @@ def build_app(stores: list[Store]) -> Starlette:
         Route("/_sandbox/faults", _admin(set_faults), methods=["POST"]),
         Route("/_sandbox/stats", _admin(stats)),
         Route("/_sandbox/{account}/mutate", _admin(mutate), methods=["POST"]),
+        Route("/_sandbox/{account}/collections", _admin(configure_collections), methods=["POST"]),
         Route("/_sandbox/{account}/export/{entity}", _admin(export)),
     ]
     app = Starlette(routes=routes)

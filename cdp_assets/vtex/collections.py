@@ -1,23 +1,34 @@
 """VTEX legacy collections (collection -> subcollection -> SKUs) as an activation platform.
 
 VTEX has no bulk write that reliably reindexes, and fast successive "add SKU to
-subcollection" calls deadlock, so SKUs go one call each, serially, paced. The collection
-and its subcollection are created once and their ids kept in our own table (the listing
-endpoints are deprecated).
+subcollection" calls deadlock, so SKUs go one call each, serially, paced; a deadlock is a 5xx,
+which the client retries with backoff. The collection and its subcollection are created once,
+with every field the Catalog API spec requires, and their ids kept in our own table (the
+listing endpoints are deprecated).
+
+A SKU write is confirmed only by VTEX's success: a SKU already in the subcollection (409) is
+there; a 404 or another refusal rejects that SKU with VTEX's answer, unless the subcollection
+itself is gone, which raises ``AudienceGone`` so the sync creates it again. A SKU id that is
+not a number is rejected without a call. The products listing lags writes (it is read from
+the search index), so it is read only by ``replace``, whose repair tolerates the lag.
 """
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import Any
 
 from cdp_assets.activation.destinations import DestinationAudience
-from cdp_assets.activation.sync import BatchResult, Row
+from cdp_assets.activation.sync import AudienceGone, BatchResult, Row
 from cdp_assets.vtex.client import VtexAuthError, VtexClient, VtexError, VtexRequestFailed
 
 PAGE_SIZE = 50
+# VtexClient's text for a refused call: "{method} {path} answered HTTP {status}: {body}".
+ANSWERED = re.compile(r"answered HTTP (\d{3})")
+ALREADY_THERE = 409
 
 
 def _local(moment: datetime) -> str:
@@ -39,7 +50,7 @@ class VtexCollections:
         if wait > 0:
             time.sleep(wait)
         try:
-            reply = self.client.request(method, path, json_body=body, not_found_ok=True)
+            reply = self.client.request(method, path, json_body=body)
         finally:
             self._last_write = time.monotonic()
         return reply.data if reply is not None else None
@@ -59,20 +70,31 @@ class VtexCollections:
                 "Highlight": False,
                 "DateFrom": _local(now),
                 "DateTo": _local(now + timedelta(days=3650)),
+                "TotalProducts": 0,
+                "Type": "Manual",
             },
         )
         subcollection = self._write(
             "POST",
             "/api/catalog/pvt/subcollection",
-            {"CollectionId": collection["Id"], "Name": target.audience, "Type": "Inclusive"},
+            {
+                "CollectionId": collection["Id"],
+                "Name": target.audience,
+                "Type": "Inclusive",
+                "PreSale": False,
+                "Release": False,
+            },
         )
         return f"{collection['Id']}/{subcollection['Id']}"
 
     def _each_sku(self, platform_id: str, rows: list[Row], method: str) -> BatchResult:
         subcollection = platform_id.split("/")[1]
         rejected: dict[int, str] = {}
+        path = f"/api/catalog/pvt/subcollection/{subcollection}/stockkeepingunit"
         for index, (sku_id, *_) in enumerate(rows):
-            path = f"/api/catalog/pvt/subcollection/{subcollection}/stockkeepingunit"
+            if not sku_id.isdigit():
+                rejected[index] = f"SKU id {sku_id!r} is not a number"
+                continue
             try:
                 if method == "POST":
                     self._write("POST", path, {"SkuId": int(sku_id)})
@@ -80,9 +102,24 @@ class VtexCollections:
                     self._write("DELETE", f"{path}/{sku_id}")
             except (VtexRequestFailed, VtexAuthError):
                 raise
-            except VtexError as error:  # a 4xx about this SKU (e.g. it no longer exists)
+            except VtexError as error:
+                answered = ANSWERED.search(str(error))
+                status = int(answered.group(1)) if answered else None
+                if method == "POST" and status == ALREADY_THERE:
+                    continue
+                if status == 404 and not self._exists(platform_id):
+                    raise AudienceGone(platform_id, "HTTP 404", str(error)[:200]) from None
                 rejected[index] = str(error)[:200]
         return BatchResult(rejected=rejected, requests=len(rows))
+
+    def _exists(self, platform_id: str) -> bool:
+        """Whether the collection still holds the subcollection."""
+        collection, subcollection = platform_id.split("/")
+        reply = self.client.get(
+            f"/api/catalog/pvt/collection/{collection}/subcollection", not_found_ok=True
+        )
+        listed = reply.data if reply is not None else None
+        return isinstance(listed, list) and any(str(s.get("Id")) == subcollection for s in listed)
 
     def add(self, platform_id: str, rows: list[Row]) -> BatchResult:
         return self._each_sku(platform_id, rows, "POST")
@@ -115,8 +152,12 @@ class VtexCollections:
         wanted = {row[0] for row in desired}
         current = set(self.current_skus(platform_id))
         removed = self.remove(platform_id, [[sku] for sku in sorted(current - wanted)])
-        added = self.add(platform_id, [row for row in desired if row[0] not in current])
-        return BatchResult(requests=removed.requests + added.requests)
+        # Adding what the lagging listing does not show yet is harmless: it is already there.
+        positions = [i for i, row in enumerate(desired) if row[0] not in current]
+        added = self.add(platform_id, [desired[i] for i in positions])
+        # Rejected additions by their position among every row sent, as the sync numbers them.
+        rejected = {positions[i]: reason for i, reason in added.rejected.items()}
+        return BatchResult(rejected=rejected, requests=removed.requests + added.requests)
 
     def busy(self, platform_id: str) -> str | None:
         return None

@@ -11,7 +11,7 @@ import dagster as dg
 
 from cdp_assets.lib.sync_state import OrderGaps, order_gaps
 from cdp_assets.lib.warehouse import WarehouseResource
-from cdp_assets.partitions import order_months, tenant_month_range_tags
+from cdp_assets.partitions import TENANT_RUN_TAG, order_months, tenant_month_range_tags
 from cdp_assets.tenants.registry import Tenant
 from cdp_assets.tenants.runs import run_priority, tenants_with_partitions
 from cdp_assets.vtex.assets import OVERLAP
@@ -48,7 +48,7 @@ def order_sync_requests(
     months = recent_months(moment)
     requests = []
     for tenant in tenant_rows:
-        tags = run_priority(tenant)
+        tags = run_priority(tenant) | {TENANT_RUN_TAG: tenant.tenant_id}
         partition_key = None
         if len(months) == 1:
             partition_key = dg.MultiPartitionKey({"tenant": tenant.tenant_id, "month": months[0]})
@@ -73,7 +73,8 @@ def order_sync_requests(
                     partition_key=dg.MultiPartitionKey(
                         {"tenant": tenant.tenant_id, "month": month}
                     ),
-                    tags=run_priority(tenant) | {REPAIR_TAG: "true"},
+                    tags=run_priority(tenant)
+                    | {REPAIR_TAG: "true", TENANT_RUN_TAG: tenant.tenant_id},
                 )
             )
     return requests

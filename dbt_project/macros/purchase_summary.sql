@@ -6,13 +6,39 @@
     same-day orders are one purchase for frequency_x and their spend is summed.
 
     One macro for today's summary and the churn holdout's, so both follow the same rules.
+
+    Customers suppressed in their tenant (a privacy request: cdp.privacy_suppressions holds
+    the SHA-256 of their normalized e-mail, E.164 phone or document) are left out, whichever
+    of their identity records carries the identifier: they are then in no mart and no
+    audience, even when the store sends their data again. Their orders stay in
+    int_orders__purchases, the store's order figures.
 -#}
 {% macro purchase_summary(as_of) %}
-with purchases as (
+with suppressions as (
+    select tenant_id, identifier_sha256 from {{ source('cdp', 'privacy_suppressions') }}
+    where {{ tenant_filter() }}
+),
+
+-- Each record's keys are hashed once, and only in a tenant that has suppressions.
+suppressed_customers as (
+    select distinct record_keys.tenant_id, record_keys.customer_key
+    from {{ ref('int_identity__customer_keys') }} as record_keys
+    cross join lateral (
+        values (record_keys.email_normalized), (record_keys.phone_e164),
+            (record_keys.document_normalized)
+    ) as identifiers (identifier)
+    where {{ tenant_filter('record_keys.tenant_id') }}
+        and record_keys.tenant_id in (select tenant_id from suppressions)
+        and (record_keys.tenant_id, {{ sha256_hex('identifiers.identifier') }})
+            in (select tenant_id, identifier_sha256 from suppressions)
+),
+
+purchases as (
     select * from {{ ref('int_orders__purchases') }}
     where {{ tenant_filter() }}
         and is_purchase
         and order_date <= {{ as_of }}
+        and (tenant_id, customer_key) not in (select tenant_id, customer_key from suppressed_customers)
 ),
 
 purchase_days as (

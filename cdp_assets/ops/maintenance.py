@@ -1,0 +1,207 @@
+"""Maintenance: records past their retention are deleted, and the planner's statistics of the
+big tables refreshed. A daily job runs it; `cdp maintenance --dry-run` says what it would
+remove.
+
+Each kind of record is kept for its number of days (RETENTIONS, overridable with
+CDP_RETENTION_<NAME>_DAYS), counted from when it was last touched. Two kinds of rows stay
+whatever their age: each destination audience's latest synced run (its match figures are
+shown until the next sync), and a Dagster run that materialized an asset (Dagster plans from
+the materializations: which partitions exist, what is stale). Privacy requests are kept for
+good: they are the proof a request was honoured.
+"""
+
+import os
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+import click
+import dagster as dg
+import psycopg
+from psycopg import sql
+
+from cdp_assets.lib.run_bounds import HOUR, MAX_RUNTIME_TAG
+from cdp_assets.lib.warehouse import WarehouseResource, migrated_url
+from cdp_assets.vtex.schedules import TIMEZONE
+
+
+@dataclass(frozen=True)
+class Retention:
+    name: str
+    table: str
+    age_column: str
+    default_days: int
+    # Rows kept whatever their age.
+    keep: str = "false"
+
+    @property
+    def setting(self) -> str:
+        return f"CDP_RETENTION_{self.name.upper()}_DAYS"
+
+
+RETENTIONS = (
+    Retention("rejects", "raw_vtex.rejects", "last_seen_at", 180),
+    Retention("unreadable_orders", "raw_vtex.unreadable_orders", "last_seen_at", 180),
+    Retention("orders_to_reread", "raw_vtex.orders_to_reread", "last_failed_at", 180),
+    Retention(
+        "activation_runs",
+        "cdp.activation_runs",
+        "finished_at",
+        365,
+        keep="activation_run_id IN (SELECT max(activation_run_id) FROM cdp.activation_runs"
+        " WHERE status = 'synced' GROUP BY destination_id, audience)",
+    ),
+    Retention("activation_rejects", "cdp.activation_rejects", "rejected_at", 90),
+    Retention("sync_errors", "cdp.sync_errors", "occurred_at", 180),
+    Retention("metric_states", "cdp.ops_metric_states", "evaluated_at", 90),
+)
+DAGSTER_RUNS = Retention("dagster_runs", "Dagster runs and their event logs", "end time", 90)
+# What most scans read; autovacuum analyzes them late after a bulk load or a mass deletion.
+ANALYZED = (
+    "raw_vtex.orders",
+    "raw_vtex.customers",
+    "raw_vtex.products",
+    "raw_vtex.skus",
+    "cdp.destination_members",
+    "cdp.activation_runs",
+)
+# Runs looked at per maintenance: each costs a query for its materializations.
+RUNS_PER_MAINTENANCE = 5_000
+FINISHED = [
+    dg.DagsterRunStatus.SUCCESS,
+    dg.DagsterRunStatus.FAILURE,
+    dg.DagsterRunStatus.CANCELED,
+]
+
+
+class RetentionError(ValueError):
+    """A retention setting that is not a positive number of days."""
+
+
+def retention_days(retention: Retention) -> int:
+    text = os.environ.get(retention.setting, "").strip()
+    if not text:
+        return retention.default_days
+    if not text.isdigit() or int(text) < 1:
+        raise RetentionError(f"{retention.setting} must be a number of days (1 or more)")
+    return int(text)
+
+
+@dataclass(frozen=True)
+class Pruned:
+    name: str
+    days: int
+    rows: int
+
+
+def _prune_table(
+    conn: psycopg.Connection, retention: Retention, cutoff: datetime, dry_run: bool
+) -> int:
+    schema, table = retention.table.split(".")
+    where = sql.SQL("{age} < %(cutoff)s AND NOT ({keep})").format(
+        age=sql.Identifier(retention.age_column), keep=sql.SQL(retention.keep)
+    )
+    relation = sql.Identifier(schema, table)
+    if dry_run:
+        query = sql.SQL("SELECT count(*) FROM {} WHERE {}").format(relation, where)
+        row = conn.execute(query, {"cutoff": cutoff}).fetchone()
+        return row[0] if row else 0
+    query = sql.SQL("DELETE FROM {} WHERE {}").format(relation, where)
+    return conn.execute(query, {"cutoff": cutoff}).rowcount
+
+
+def _prune_dagster_runs(instance: dg.DagsterInstance, cutoff: datetime, dry_run: bool) -> int:
+    """Finished runs updated last before `cutoff` that materialized nothing, deleted with their
+    event logs through Dagster's own API."""
+    records = instance.get_run_records(
+        dg.RunsFilter(statuses=FINISHED, updated_before=cutoff),
+        limit=RUNS_PER_MAINTENANCE,
+        ascending=True,
+    )
+    pruned = 0
+    for record in records:
+        run_id = record.dagster_run.run_id
+        materialized = instance.get_records_for_run(
+            run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION, limit=1
+        ).records
+        if materialized:
+            continue
+        if not dry_run:
+            instance.delete_run(run_id)
+        pruned += 1
+    return pruned
+
+
+def run_maintenance(
+    conn: psycopg.Connection,
+    instance: dg.DagsterInstance | None,
+    *,
+    dry_run: bool = False,
+    now: datetime | None = None,
+) -> list[Pruned]:
+    """Prune every kind of record past its retention (the warehouse's in one transaction),
+    then ANALYZE the big tables; what was (or would be) removed. Without `instance`, Dagster's
+    runs are left alone."""
+    now = now or datetime.now(UTC)
+    settings = [(r, retention_days(r)) for r in (*RETENTIONS, DAGSTER_RUNS)]
+    pruned = [
+        Pruned(r.name, days, _prune_table(conn, r, now - timedelta(days=days), dry_run))
+        for r, days in settings[:-1]
+    ]
+    conn.commit()
+    if instance is not None:
+        days = settings[-1][1]
+        cutoff = now - timedelta(days=days)
+        pruned.append(
+            Pruned(DAGSTER_RUNS.name, days, _prune_dagster_runs(instance, cutoff, dry_run))
+        )
+    if not dry_run:
+        for table in ANALYZED:
+            conn.execute(sql.SQL("ANALYZE {}").format(sql.Identifier(*table.split("."))))
+        conn.commit()
+    return pruned
+
+
+MAINTENANCE_JOB = "maintenance_job"
+
+
+@dg.op
+def prune_and_analyze(context: dg.OpExecutionContext, warehouse: WarehouseResource) -> None:
+    """Records past their retention deleted, planner statistics refreshed."""
+    with warehouse.connect() as conn:
+        pruned = run_maintenance(conn, context.instance)
+    for item in pruned:
+        context.log.info(f"{item.name}: {item.rows} removed (older than {item.days} days)")
+
+
+# A night's deletions take minutes; a run stuck past an hour is canceled.
+@dg.job(name=MAINTENANCE_JOB, tags={MAX_RUNTIME_TAG: str(HOUR)})
+def maintenance_job() -> None:
+    prune_and_analyze()
+
+
+# At night in the stores' time zone, away from the 06:00 and 18:00 order syncs.
+maintenance_schedule = dg.ScheduleDefinition(
+    job=maintenance_job,
+    cron_schedule="30 3 * * *",
+    execution_timezone=TIMEZONE,
+    default_status=dg.DefaultScheduleStatus.RUNNING,
+    description="Every night at 03:30: deletes the records past their retention (rejects,"
+    " unreadable orders, activation history, sync errors, metric states, Dagster runs that"
+    " materialized nothing) and refreshes the planner's statistics of the big tables.",
+)
+
+
+def report_maintenance(dry_run: bool) -> None:
+    """`cdp maintenance`: the nightly job's work now, on the platform's database and instance,
+    printed."""
+    from cdp_assets.ops.status import platform_instance
+
+    url = migrated_url()
+    try:
+        with platform_instance(url) as instance, psycopg.connect(url) as conn:
+            pruned = run_maintenance(conn, instance, dry_run=dry_run)
+    except RetentionError as error:
+        raise click.ClickException(str(error)) from None
+    verb = "would remove" if dry_run else "removed"
+    for item in pruned:
+        click.echo(f"{item.name:<20}{verb} {item.rows:>8}  (older than {item.days} days)")
