@@ -30,6 +30,7 @@ OWNERS_BY_GROUP: dict[str, list[str]] = {
     "audiences": [ANALYTICS],
     "activation": [MARKETING_OPS],
     "operations": [DATA_ENGINEERING],
+    "privacy": [DATA_ENGINEERING],
 }
 
 

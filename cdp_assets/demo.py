@@ -15,7 +15,12 @@ import psycopg
 
 from cdp_assets.activation.destinations import Destination, add_audience, add_destination
 from cdp_assets.activation.triggers import activation_push
-from cdp_assets.analytics.jobs import ANALYTICS_JOB, AUDIENCES_JOB, CHURN_HOLDOUT_JOB
+from cdp_assets.analytics.jobs import (
+    ANALYTICS_JOB,
+    AUDIENCES_JOB,
+    CHURN_HOLDOUT_JOB,
+    all_tenants_tags,
+)
 from cdp_assets.definitions import defs
 from cdp_assets.lib.dagster_home import prepare_dagster_home
 from cdp_assets.lib.database import cdp_home
@@ -333,7 +338,7 @@ def run_demo(echo: Callable[[str], None] = print) -> None:
             partitions = sync_tenant_partitions(instance, conn)
             echo(f"tenant partitions: {', '.join(partitions)}")
             seconds = {t.tenant_id: materialize_tenant(instance, t, echo) for t in registered}
-            run_job(instance, AUDIENCES_JOB, "all tenants", echo)
+            run_job(instance, AUDIENCES_JOB, "all tenants", echo, tags=all_tenants_tags(instance))
             for tenant in registered:
                 run_job(
                     instance,

@@ -113,7 +113,9 @@ def production(warehouse_url, instance):
             instance=instance,
             resources=resources,
         )
-        dg.materialize([dbt_audiences], instance=instance, resources=resources)
+        dg.materialize(
+            [dbt_audiences], partition_key=TENANT, instance=instance, resources=resources
+        )
         os.environ[META_TOKEN_REF] = META_TOKEN
         add_destination(
             conn,
@@ -309,7 +311,9 @@ PLATFORM_RUN = textwrap.dedent(
     with dg.instance_for_test() as instance:
         instance.add_dynamic_partitions("tenants", [sys.argv[2]])
         dbt = {"dbt": dbt_resource()}
-        built = dg.materialize([dbt_audiences], instance=instance, resources=dbt)
+        built = dg.materialize(
+            [dbt_audiences], partition_key=sys.argv[2], instance=instance, resources=dbt
+        )
         pushed = dg.materialize(
             [meta_custom_audiences],
             partition_key=sys.argv[2],

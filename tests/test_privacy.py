@@ -168,12 +168,13 @@ def holdings(conn: psycopg.Connection, tenant_id: str, needles: set[str]) -> lis
 
 
 def audience_hits(conn: psycopg.Connection, tenant_id: str, person: Person) -> list[str]:
-    """Audience views holding the person: one of their customer keys or hashed identifiers."""
+    """Audiences holding the person: one of their customer keys or hashed identifiers."""
     hashes = [h for h in person.needles() if len(h) == 64]
     views = [
         name
         for (name,) in conn.execute(
-            "SELECT matviewname FROM pg_matviews WHERE schemaname = 'audiences' ORDER BY 1"
+            "SELECT table_name FROM information_schema.tables"
+            " WHERE table_schema = 'audiences' AND table_type = 'BASE TABLE' ORDER BY 1"
         )
     ]
     hits = []
@@ -259,7 +260,7 @@ def _sync(instance: dg.DagsterInstance, tenant_id: str, full_refresh: bool = Fal
 def _refresh(instance: dg.DagsterInstance, tenant_ids: list[str]) -> None:
     for tenant_id in tenant_ids:
         _run(instance, ANALYTICS_JOB, partition_key=tenant_id)
-    _run(instance, AUDIENCES_JOB)
+        _run(instance, AUDIENCES_JOB, partition_key=tenant_id)
 
 
 def _push(instance: dg.DagsterInstance, tenant_ids: list[str]) -> None:

@@ -556,6 +556,8 @@ def test_collections_lifecycle(acme: tuple[requests.Session, str], acme_store: S
                 "Highlight": False,
                 "DateFrom": "2026-01-01T00:00:00",
                 "DateTo": "2027-01-01T00:00:00",
+                "TotalProducts": 0,
+                "Type": "Manual",
             },
         ),
     )

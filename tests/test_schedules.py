@@ -23,7 +23,12 @@ from cdp_assets.vtex.schedules import (
 )
 
 BUENOS_AIRES = ZoneInfo("America/Argentina/Buenos_Aires")
-HOLDOUT_ASSETS = ("int_customers__holdout_summary", "holdout_predictions", "churn_holdout")
+HOLDOUT_ASSETS = (
+    "int_customers__holdout_summary",
+    "holdout_predictions",
+    "churn_holdout",
+    "clv_scorecard",
+)
 
 
 @pytest.fixture
@@ -148,12 +153,20 @@ def test_the_schedules_are_valid_definitions():
 def test_audiences_keep_a_48_hour_rhythm_across_month_and_year_ends():
     run_days = []
     day = date(2026, 12, 20)
-    while day < date(2027, 3, 10):
-        when = datetime(day.year, day.month, day.day, 10, tzinfo=BUENOS_AIRES)
-        with dg.build_schedule_context(scheduled_execution_time=when) as context:
-            if isinstance(audiences_every_48_hours(context), dg.RunRequest):
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions(tenants.name, ["sched_a", "sched_b"])
+        while day < date(2027, 3, 10):
+            when = datetime(day.year, day.month, day.day, 10, tzinfo=BUENOS_AIRES)
+            with dg.build_schedule_context(instance, scheduled_execution_time=when) as context:
+                request = audiences_every_48_hours(context)
+            if isinstance(request, dg.RunRequest):
+                # One run over every tenant.
+                assert (request.tags[RANGE_START_TAG], request.tags[RANGE_END_TAG]) == (
+                    "sched_a",
+                    "sched_b",
+                )
                 run_days.append(day)
-        day += timedelta(days=1)
+            day += timedelta(days=1)
     gaps = {b - a for a, b in zip(run_days, run_days[1:], strict=False)}
     assert gaps == {timedelta(days=2)}
     assert len(run_days) >= 39

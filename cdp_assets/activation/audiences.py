@@ -20,7 +20,7 @@ from cdp_assets.analytics.dbt_project import MANIFEST_PATH, manifest_audiences
 RowBuilder = Callable[[Contact, str], list[str]]
 
 
-# How the comment of every audience view dbt builds begins (macro record_materialized_view_sql).
+# How the comment of every audience table dbt builds begins (macro record_audience_sql).
 DBT_BUILT = "dbt_sql_md5:"
 
 
@@ -34,7 +34,7 @@ def audience_views(conn: psycopg.Connection) -> set[str]:
         """
         SELECT c.relname, coalesce(obj_description(c.oid, 'pg_class'), '')
           FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-         WHERE n.nspname = 'audiences' AND c.relkind = 'm'
+         WHERE n.nspname = 'audiences' AND c.relkind IN ('r', 'm')
         """
     ).fetchall()
     declared = set(manifest_audiences(MANIFEST_PATH))

@@ -17,11 +17,20 @@ from cdp_assets.activation.destinations import (
     add_destination,
     destination_exists,
     forget_platform_state,
+    get_destination,
 )
 from cdp_assets.activation.sync import abandon_requests
 from cdp_assets.lib.ages import format_age
 from cdp_assets.lib.warehouse import migrated_url
-from cdp_assets.tenants.registry import SLUG
+from cdp_assets.tenants.registry import SLUG, TenantError
+from cdp_assets.vtex.client import VtexError
+from cdp_assets.vtex.masterdata_writeback import AUDIENCE as MASTERDATA_AUDIENCE
+from cdp_assets.vtex.masterdata_writeback import (
+    WritebackFields,
+    destination_fields,
+    how_to_create,
+    missing_fields,
+)
 
 
 def _connect() -> psycopg.Connection:
@@ -189,13 +198,27 @@ def destinations_audience(
                     "SELECT platform FROM cdp.destinations WHERE destination_id = %s",
                     (destination_id,),
                 ).fetchone()
-                _require_audience(
-                    params.get("audience") if platform == "vtex_collections" else audience
-                )
+                if platform == "vtex_masterdata":
+                    _require_customer_fields(audience, params)
+                else:
+                    _require_audience(
+                        params.get("audience") if platform == "vtex_collections" else audience
+                    )
             add_audience(conn, destination_id, audience, params, active=not off)
     except (DestinationError, psycopg.errors.ForeignKeyViolation) as error:
         raise click.ClickException(str(error).splitlines()[0]) from None
     click.echo(f"{audience!r} {'off' if off else 'on'} for {destination_id!r}")
+
+
+def _require_customer_fields(audience: str, params: dict) -> None:
+    """A Master Data destination writes the fields of its `customers`, as its params say."""
+    if audience != MASTERDATA_AUDIENCE:
+        raise click.ClickException(
+            f"a vtex_masterdata destination writes the fields of {MASTERDATA_AUDIENCE!r}, e.g."
+            f" cdp destinations audience DESTINATION {MASTERDATA_AUDIENCE}"
+            """ --param 'fields={"cdpSegment": "segment"}'"""
+        )
+    WritebackFields.from_params(params)
 
 
 def _require_audience(name: object) -> None:
@@ -213,6 +236,34 @@ def _require_audience(name: object) -> None:
         f"{name!r} is not an audience (a model of dbt_project/models/audiences/): "
         + (f"did you mean {' or '.join(close)}?" if close else f"audiences: {', '.join(audiences)}")
     )
+
+
+@destinations.command("check")
+@click.argument("destination_id")
+def destinations_check(destination_id: str) -> None:
+    """Check that the store has what a destination writes to: for VTEX Master Data, every
+    field on the CL entity (and how to create those missing)."""
+    from cdp_assets.tenants.registry import get_tenant
+    from cdp_assets.vtex.resources import VtexResource
+
+    try:
+        with _connect() as conn:
+            _require_destination(conn, destination_id)
+            destination = get_destination(conn, destination_id)
+            if destination.platform != "vtex_masterdata":
+                click.echo(f"{destination_id}: {destination.platform} has nothing to check")
+                return
+            tenant = get_tenant(conn, destination.tenant_id)
+            names = destination_fields(conn, destination_id).names()
+        missing = missing_fields(VtexResource().client_for(tenant), names)
+    except (DestinationError, TenantError, VtexError) as error:
+        raise click.ClickException(str(error).splitlines()[0]) from None
+    if missing:
+        raise click.ClickException(
+            f"{destination_id}: the CL entity of {tenant.account_name!r} has no field"
+            f" {', '.join(missing)}: {how_to_create(missing)}"
+        )
+    click.echo(f"{destination_id}: the CL entity has every field written ({', '.join(names)})")
 
 
 @destinations.command("reset")

@@ -17,7 +17,7 @@ from psycopg.types.json import Jsonb
 from cdp_assets.lib.credentials import CredentialError, read_credential
 from cdp_assets.tenants.registry import ENV_REF, SLUG
 
-PLATFORMS = ("meta", "google_data_manager", "google_ads", "vtex_collections")
+PLATFORMS = ("meta", "google_data_manager", "google_ads", "vtex_collections", "vtex_masterdata")
 CONSENT = ("GRANTED", "DENIED", "UNSPECIFIED")
 # Whose data a destination may receive, from the customer's Master Data newsletter choice:
 # everyone in the audience, only those who opted in, or everyone but those who opted out.
@@ -30,6 +30,7 @@ CREDENTIAL_ROLES: dict[str, tuple[str, ...]] = {
     "google_data_manager": (),  # service credentials: GOOGLE_APPLICATION_CREDENTIALS / ADC
     "google_ads": ("developer_token",),
     "vtex_collections": (),  # the tenant's own VTEX credentials
+    "vtex_masterdata": (),
 }
 
 

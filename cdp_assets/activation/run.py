@@ -34,6 +34,7 @@ from cdp_assets.activation.destinations import (
     destination_audiences,
 )
 from cdp_assets.activation.history import close_abandoned_runs
+from cdp_assets.activation.quality_gate import clv_gate_refusals, requires_clv_quality
 from cdp_assets.activation.sync import (
     MemberSource,
     Platform,
@@ -41,6 +42,7 @@ from cdp_assets.activation.sync import (
     SyncOutcome,
     error_reason,
     record_failure,
+    record_unsynced,
     refresh_state_statistics,
     shortened,
     sync_audience,
@@ -174,13 +176,19 @@ def _sync_destination(
     platform_for: Callable[[Destination], Platform],
     members_for: Callable[[psycopg.Connection, DestinationAudience], MemberSource],
     signature_for: Callable[[psycopg.Connection, DestinationAudience], str | None],
+    gate_refusals: dict[str, str],
 ) -> list[SyncOutcome]:
-    """One destination's audiences, in order, with one platform client."""
+    """One destination's audiences, in order, with one platform client; an audience gated
+    by CLV quality is skipped for a tenant in `gate_refusals` (tenant -> reason)."""
     conn, reader = connections
     outcomes: list[SyncOutcome] = []
     platform: Platform | None = None
     for target in targets:
         destination = target.destination
+        refusal = gate_refusals.get(destination.tenant_id)
+        if refusal is not None and requires_clv_quality(target.params):
+            outcomes.append(record_unsynced(conn, target, options, "skipped", refusal))
+            continue
         try:
             # Rows edited by hand skip add_destination's checks: a malformed account id or
             # credential reference is refused here, before any call to the platform.
@@ -256,6 +264,11 @@ def activate(
             for target in destination_audiences(conn, tenant_id, platforms)
             if not config.destinations or target.destination.destination_id in config.destinations
         ]
+        gate_refusals = clv_gate_refusals(
+            conn,
+            {t.destination.tenant_id for t in targets if requires_clv_quality(t.params)},
+        )
+        conn.commit()
     if abandoned:
         context.log.warning(
             f"{abandoned} syncs were left running by runs that ended before them: closed as"
@@ -274,7 +287,13 @@ def activate(
             connections = (_without_jit(connect()), _without_jit(connect()))
         try:
             return _sync_destination(
-                connections, destination_targets, options, platform_for, members_for, signature_for
+                connections,
+                destination_targets,
+                options,
+                platform_for,
+                members_for,
+                signature_for,
+                gate_refusals,
             )
         finally:
             idle.put(connections)

@@ -132,6 +132,16 @@ class AsynchronousPlatform(Platform, Protocol):
         ...
 
 
+@runtime_checkable
+class OverwritingPlatform(Platform, Protocol):
+    """A platform holding one record per member whose addition overwrites the member's
+    record (the fields of a customer's document): a changed member is sent only as its new
+    row, and a removal is for a member who left. The mass-change guard still counts each
+    changed member among the rows that leave."""
+
+    def overwrites_members(self) -> bool: ...
+
+
 @dataclass
 class SyncOptions:
     dry_run: bool = False
@@ -339,6 +349,13 @@ _REMOVALS = """
     SELECT member_key, fingerprint, identifiers FROM leaving_members
     WHERE member_key > %(after)s ORDER BY member_key LIMIT %(size)s
 """
+# For an OverwritingPlatform: the members who left, not those whose addition overwrites them.
+_DEPARTURES = """
+    SELECT l.member_key, l.fingerprint, l.identifiers FROM leaving_members l
+    WHERE l.member_key > %(after)s
+      AND NOT EXISTS (SELECT FROM desired_members d WHERE d.member_key = l.member_key)
+    ORDER BY l.member_key LIMIT %(size)s
+"""
 
 
 def _record_rejects(
@@ -386,9 +403,21 @@ def record_failure(
 ) -> SyncOutcome:
     """History for a destination audience that failed before its sync could start (e.g. a
     credential missing from the environment)."""
+    return record_unsynced(conn, target, options, "failed", reason)
+
+
+def record_unsynced(
+    conn: psycopg.Connection,
+    target: DestinationAudience,
+    options: SyncOptions,
+    status: str,
+    reason: str,
+) -> SyncOutcome:
+    """History for a destination audience whose sync did not start: failed before it, or
+    skipped by a rule outside the sync (a quality gate), with the reason."""
     destination = target.destination
     outcome = SyncOutcome(
-        destination.destination_id, target.audience, destination.platform, "failed", reason
+        destination.destination_id, target.audience, destination.platform, status, reason
     )
     conn.rollback()
     _finish_run(conn, _start_run(conn, target, options, options.dry_run), outcome)
@@ -654,7 +683,8 @@ def _send_diff(
     An asynchronous platform processes the removals before it takes the additions: when it
     is still busy with them, the additions wait for a later sync."""
     asynchronous = isinstance(platform, AsynchronousPlatform)
-    removals = _pages(conn, _REMOVALS, key, platform.batch_size) if to_remove else iter(())
+    leaving = _DEPARTURES if isinstance(platform, OverwritingPlatform) else _REMOVALS
+    removals = _pages(conn, leaving, key, platform.batch_size) if to_remove else iter(())
     for page in removals:
         result = platform.remove(platform_id, [row for _, _, row in page])
         accepted = [m for i, (m, _, _) in enumerate(page) if i not in result.rejected]

@@ -13,6 +13,7 @@ import dagster as dg
 import psycopg
 
 from cdp_assets.activation.audiences import audience_signatures, audience_views
+from cdp_assets.analytics.jobs import tenants_in_flight
 from cdp_assets.analytics.schedules import FORTY_EIGHT_HOUR_CADENCE, on_48_hour_cadence
 from cdp_assets.google.assets import google_customer_match
 from cdp_assets.lib.run_bounds import run_bound
@@ -21,7 +22,7 @@ from cdp_assets.meta.assets import meta_custom_audiences
 from cdp_assets.partitions import tenants
 from cdp_assets.tenants.registry import Tenant
 from cdp_assets.tenants.runs import block_request, tenant_blocks, tenants_with_partitions
-from cdp_assets.vtex.assets import vtex_product_collections
+from cdp_assets.vtex.assets import vtex_masterdata_fields, vtex_product_collections
 from cdp_assets.vtex.schedules import TIMEZONE
 
 ASSET_BY_PLATFORM = {
@@ -29,14 +30,20 @@ ASSET_BY_PLATFORM = {
     "google_data_manager": google_customer_match.key,
     "google_ads": google_customer_match.key,
     "vtex_collections": vtex_product_collections.key,
+    "vtex_masterdata": vtex_masterdata_fields.key,
 }
 
 activation_push = dg.define_asset_job(
     "activation_push",
-    selection=[meta_custom_audiences, google_customer_match, vtex_product_collections],
+    selection=[
+        meta_custom_audiences,
+        google_customer_match,
+        vtex_product_collections,
+        vtex_masterdata_fields,
+    ],
     partitions_def=tenants,
-    description="Every destination of the run's tenants (one, or a range): Meta, Google and VTEX"
-    " collections.",
+    description="Every destination of the run's tenants (one, or a range): Meta, Google, VTEX"
+    " collections and the fields written to VTEX Master Data.",
     tags=run_bound("activation_push"),
 )
 
@@ -136,16 +143,46 @@ def change_requests(
     default_status=dg.DefaultSensorStatus.RUNNING,
     description="Every minute, pushes the audiences whose membership changed since their last"
     " sync: one run per destination asset (Meta, Google, VTEX collections) and block of"
-    " neighbouring tenants with a change on its platforms. The same change never launches"
-    " twice.",
+    " neighbouring tenants with a change on its platforms, none for a tenant whose push to"
+    " that asset is queued or running. The same change never launches twice.",
 )
 def audience_changes_sensor(
     context: dg.SensorEvaluationContext, warehouse: WarehouseResource
 ) -> list[dg.RunRequest] | dg.SkipReason:
     with warehouse.connect() as conn:
         changed = changed_audiences(conn)
-    requests = change_requests(changed, *tenants_with_partitions(context, warehouse))
-    return requests or dg.SkipReason("no audience changed since its last sync")
+    tenant_rows, order = tenants_with_partitions(context, warehouse)
+    requests = change_requests(
+        without_pushes_in_flight(changed, context.instance, order), tenant_rows, order
+    )
+    return requests or dg.SkipReason(
+        "no audience changed since its last sync, or its push is queued or running"
+    )
+
+
+def without_pushes_in_flight(
+    changed: dict[str, dict[str, set[str]]],
+    instance: dg.DagsterInstance,
+    partition_order: Sequence[str],
+) -> dict[str, dict[str, set[str]]]:
+    """`changed` but the platforms of a tenant whose destination asset has a push queued
+    (it reads the members when it starts: the change is in it) or running (the change is
+    requested again once it ends, if its signature still differs): a burst of audience
+    changes is one push per tenant and asset, not one per change."""
+    busy = {
+        asset_key: set().union(
+            *tenants_in_flight(instance, [activation_push.name], partition_order, asset_key)
+        )
+        for asset_key in set(ASSET_BY_PLATFORM.values())
+    }
+    return {
+        tenant_id: {
+            platform: signatures
+            for platform, signatures in platforms.items()
+            if tenant_id not in busy[ASSET_BY_PLATFORM[platform]]
+        }
+        for tenant_id, platforms in changed.items()
+    }
 
 
 def cadence_requests(

@@ -1,5 +1,5 @@
-"""Analytics as dbt assets: the models per tenant (before and after the Python fits in
-`prediction_assets.py`) and the audiences for all tenants."""
+"""Analytics as dbt assets, per tenant: the models (before and after the Python fits in
+`prediction_assets.py`) and the audiences."""
 
 import json
 import os
@@ -18,7 +18,6 @@ from cdp_assets.analytics.dbt_project import (
     keep_parse,
     refresh_exposures,
     tenant_translator,
-    translator,
 )
 from cdp_assets.lib.dagster_home import DBT_POOL
 from cdp_assets.lib.environ import temporary_environment
@@ -234,18 +233,83 @@ def dbt_churn_holdout(context: dg.AssetExecutionContext, dbt: CdpDbtCliResource)
     )
 
 
-@dbt_assets(
-    name="dbt_audiences",
-    manifest=MANIFEST,
-    project=dbt_project,
-    select=AUDIENCE_MODELS,
-    dagster_dbt_translator=translator,
-    pool=DBT_POOL,
-)
+# Per tenant: when the newest order landed in the source, and how long the oldest order
+# landed since the tenant's previous audience refresh waited for this one.
+SOURCE_LANDINGS_SQL = """
+SELECT previous.tenant_id, max(orders.synced_at),
+       min(orders.synced_at) FILTER (WHERE orders.synced_at > previous.refreshed_at)
+  FROM unnest(%s::text[], %s::timestamptz[]) AS previous (tenant_id, refreshed_at)
+  LEFT JOIN raw_vtex.orders AS orders USING (tenant_id)
+ GROUP BY previous.tenant_id
+"""
+
+
+def previous_refresh(
+    context: dg.AssetExecutionContext, asset_key: dg.AssetKey, tenant_id: str
+) -> datetime | None:
+    """When the tenant's audiences were last refreshed before this run (None: never)."""
+    records = context.instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=asset_key, asset_partitions=[tenant_id]), limit=1
+    ).records
+    return datetime.fromtimestamp(records[0].timestamp, UTC) if records else None
+
+
+def source_landings(
+    conn: psycopg.Connection, previous: Mapping[str, datetime | None]
+) -> dict[str, tuple[datetime | None, datetime | None]]:
+    """tenant -> (newest order landing, oldest landing since `previous[tenant]`), as this
+    refresh reads its source."""
+    tenant_ids = sorted(previous)
+    epoch = datetime.fromtimestamp(0, UTC)
+    since = [previous[tenant_id] or epoch for tenant_id in tenant_ids]
+    rows = conn.execute(SOURCE_LANDINGS_SQL, (tenant_ids, since)).fetchall()
+    return {tenant_id: (newest, oldest_waiting) for tenant_id, newest, oldest_waiting in rows}
+
+
+def freshness_metadata(
+    landings: Mapping[str, tuple[datetime | None, datetime | None]], refreshed_at: datetime
+) -> dict:
+    """The audiences' age against their source, per tenant: as numbers (plotted over time on
+    the tenant's partition) when the run is one tenant's, as a table otherwise."""
+    table = "| tenant | newest order landed | oldest change waited (s) |\n|---|---|---:|\n"
+    table += "\n".join(
+        f"| {t} | {newest:%Y-%m-%d %H:%M:%S} | {_waited(oldest, refreshed_at)} |"
+        if newest
+        else f"| {t} | no orders | |"
+        for t, (newest, oldest) in sorted(landings.items())
+    )
+    metadata: dict = {"source_freshness": dg.MetadataValue.md(table)}
+    if len(landings) == 1:
+        ((newest, oldest),) = landings.values()
+        if newest is not None:
+            metadata["source_landed_at"] = dg.MetadataValue.timestamp(newest)
+        if oldest is not None:
+            metadata["seconds_behind_source"] = _waited(oldest, refreshed_at)
+    return metadata
+
+
+def _waited(landed: datetime | None, refreshed_at: datetime) -> float | str:
+    return "" if landed is None else round((refreshed_at - landed).total_seconds(), 1)
+
+
+@dbt_assets(name="dbt_audiences", select=AUDIENCE_MODELS, **_tenant_dbt)
 def dbt_audiences(context: dg.AssetExecutionContext, dbt: CdpDbtCliResource):
-    """Audience materialized views over every tenant, refreshed whole, or concurrently
-    beside a reader in one; then the project's exposures, where each audience is sent."""
-    yield from _run_dbt(context, dbt, None)
+    """The run's tenants' rows of every audience, replaced in one transaction per audience
+    (readers see the old members or the new ones), other tenants' untouched; each output
+    says how far behind the source's latest orders the audiences were; then the project's
+    exposures, where each audience is sent."""
+    tenant_ids = run_tenants(context)
+    catalog = dg.AssetKey("audience_catalog")
+    previous = {
+        tenant_id: previous_refresh(context, catalog, tenant_id) for tenant_id in tenant_ids
+    }
+    with WarehouseResource().connect() as conn:
+        landings = source_landings(conn, previous)
+    for event in _run_dbt(context, dbt, tenant_ids):
+        if isinstance(event, dg.Output):
+            freshness = freshness_metadata(landings, datetime.now(UTC))
+            event = event.with_metadata({**event.metadata, **freshness})
+        yield event
     with WarehouseResource().connect() as conn:
         if refresh_exposures(conn):
             context.log.info("destinations changed: the project's exposures were written again")

@@ -1,4 +1,5 @@
-"""Analytics runs as soon as a tenant's sources are fresh, through declarative automation.
+"""Analytics runs as soon as a tenant's sources are fresh, through declarative automation
+(after the orders feed's drains: `feed_changes.py`).
 
 Dagster's `eager()` waits for every upstream partition, and a tenant's models depend on all
 its order months, most of which a tenant never loads (history before its start): eager
@@ -10,15 +11,18 @@ whose upstream is incomplete. So the condition is spelled out:
 - nothing upstream is in progress, and this partition is not already running;
 - every upstream partition exists or is requested on the same tick, so a tenant without
   its catalog or customers never gets models built on half its data. Exempt: order months
-  (history a tenant may never load) and the tenants table with its view (one relation for
-  every tenant, not a per-tenant partition);
+  (history a tenant may never load), the tenants table with its view and the privacy
+  suppressions (one relation for every tenant, not a per-tenant partition);
 - no upstream partition's latest run failed.
 """
 
 import dagster as dg
 
 _NOT_PER_TENANT = dg.AssetSelection.assets(
-    dg.AssetKey("vtex_orders"), dg.AssetKey(["cdp", "tenants"]), dg.AssetKey("stg_cdp__tenants")
+    dg.AssetKey("vtex_orders"),
+    dg.AssetKey(["cdp", "tenants"]),
+    dg.AssetKey("stg_cdp__tenants"),
+    dg.AssetKey(["cdp", "privacy_suppressions"]),
 )
 _absent = dg.AutomationCondition.missing() & ~dg.AutomationCondition.will_be_requested()
 

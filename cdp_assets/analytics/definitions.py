@@ -9,11 +9,14 @@ from cdp_assets.analytics.assets import (
 )
 from cdp_assets.analytics.automation import analytics_automation_sensor
 from cdp_assets.analytics.checks import audience_sizes_within_bounds
+from cdp_assets.analytics.clv_scorecard_asset import clv_scorecard
 from cdp_assets.analytics.dbt_project import dbt_resource
+from cdp_assets.analytics.feed_changes import feed_changes_sensor
 from cdp_assets.analytics.jobs import (
     analytics_tenant_refresh,
     audiences_refresh,
     churn_holdout_refresh,
+    tenant_changes_refresh,
 )
 from cdp_assets.analytics.prediction_assets import customer_predictions, holdout_predictions
 from cdp_assets.analytics.schedules import audiences_every_48_hours, churn_holdout_weekly
@@ -28,11 +31,17 @@ def defs() -> dg.Definitions:
             dbt_holdout_summary,
             holdout_predictions,
             dbt_churn_holdout,
+            clv_scorecard,
             dbt_audiences,
         ],
         asset_checks=[audience_sizes_within_bounds],
-        jobs=[analytics_tenant_refresh, churn_holdout_refresh, audiences_refresh],
+        jobs=[
+            analytics_tenant_refresh,
+            churn_holdout_refresh,
+            audiences_refresh,
+            tenant_changes_refresh,
+        ],
         schedules=[audiences_every_48_hours, churn_holdout_weekly],
-        sensors=[analytics_automation_sensor],
+        sensors=[analytics_automation_sensor, feed_changes_sensor],
         resources={"dbt": dbt_resource()},
     )

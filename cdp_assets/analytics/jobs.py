@@ -1,5 +1,7 @@
 """Jobs over the analytics assets."""
 
+from collections.abc import Sequence
+
 import dagster as dg
 
 from cdp_assets.analytics.assets import (
@@ -9,11 +11,14 @@ from cdp_assets.analytics.assets import (
     dbt_tenant_models,
     dbt_tenant_scoring,
 )
+from cdp_assets.analytics.clv_scorecard_asset import clv_scorecard
 from cdp_assets.analytics.prediction_assets import customer_predictions, holdout_predictions
 from cdp_assets.lib.run_bounds import run_bound
-from cdp_assets.partitions import tenants
+from cdp_assets.partitions import RANGE_END_TAG, RANGE_START_TAG, tenants
+from cdp_assets.tenants.runs import run_tenants_of
 
 ANALYTICS_JOB = "analytics_tenant_refresh"
+CHANGES_JOB = "tenant_changes_refresh"
 AUDIENCES_JOB = "audiences_refresh"
 CHURN_HOLDOUT_JOB = "churn_holdout_refresh"
 
@@ -24,17 +29,67 @@ analytics_tenant_refresh = dg.define_asset_job(
     description="Tenants' dbt models, CLV fits and churn risk (one run for many).",
     tags=run_bound(ANALYTICS_JOB),
 )
+# The chain's step after a feed drain landed orders: the tenants' analytics and audiences in
+# one run, so that the audiences follow their marts without another tick and run launch.
+tenant_changes_refresh = dg.define_asset_job(
+    CHANGES_JOB,
+    selection=dg.AssetSelection.assets(
+        dbt_tenant_models, customer_predictions, dbt_tenant_scoring, dbt_audiences
+    ),
+    partitions_def=tenants,
+    description="Tenants whose orders changed (the orders feed landed some): their dbt models,"
+    " CLV fits, churn risk and audiences (one run for many).",
+    tags=run_bound(ANALYTICS_JOB),
+)
 churn_holdout_refresh = dg.define_asset_job(
     CHURN_HOLDOUT_JOB,
-    selection=dg.AssetSelection.assets(dbt_holdout_summary, holdout_predictions, dbt_churn_holdout),
+    selection=dg.AssetSelection.assets(
+        dbt_holdout_summary, holdout_predictions, dbt_churn_holdout, clv_scorecard
+    ),
     partitions_def=tenants,
     description="Tenants' churn holdout: the bands as of 180 days ago against who bought again"
-    " since (one run for many).",
+    " since, and the CLV scorecard on the same days (one run for many).",
     tags=run_bound(CHURN_HOLDOUT_JOB),
 )
 audiences_refresh = dg.define_asset_job(
     AUDIENCES_JOB,
     selection=dg.AssetSelection.assets(dbt_audiences),
-    description="Refresh every audience materialized view (all tenants).",
+    partitions_def=tenants,
+    description="Tenants' rows of every audience, replaced from their marts (one run for many);"
+    " other tenants' rows untouched.",
     tags=run_bound(AUDIENCES_JOB),
 )
+
+
+QUEUED = (dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED)
+STARTED = (dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED)
+
+
+def tenants_in_flight(
+    instance: dg.DagsterInstance,
+    job_names: Sequence[str],
+    partition_order: Sequence[str],
+    asset_key: dg.AssetKey | None = None,
+) -> tuple[set[str], set[str]]:
+    """(tenants with a run of `job_names` queued, tenants with one started), of runs that
+    plan `asset_key` when given. A queued run reads what landed before it starts: it absorbs
+    new changes; a started one may have read its inputs already."""
+    runs = instance.get_runs(filters=dg.RunsFilter(job_name=None, statuses=[*QUEUED, *STARTED]))
+    queued: set[str] = set()
+    started: set[str] = set()
+    for run in runs:
+        if run.job_name not in job_names:
+            continue
+        if asset_key is not None and run.asset_selection and asset_key not in run.asset_selection:
+            continue
+        (queued if run.status in QUEUED else started).update(run_tenants_of(run, partition_order))
+    return queued, started
+
+
+def all_tenants_tags(instance: dg.DagsterInstance) -> dict[str, str]:
+    """The tags of one run over every tenant partition the instance knows (a range: one dbt
+    build for all of them)."""
+    keys = instance.get_dynamic_partitions(tenants.name)
+    if not keys:
+        raise LookupError("no tenant partition yet: register a tenant (`cdp tenants add`)")
+    return {RANGE_START_TAG: keys[0], RANGE_END_TAG: keys[-1]}

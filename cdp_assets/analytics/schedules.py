@@ -1,11 +1,12 @@
-"""When audiences are rebuilt (the old facebook-automation cadence, every 48 hours at 10:00)
-and the churn holdout checks the bands (weekly)."""
+"""When every tenant's audiences are rebuilt (the old facebook-automation cadence, every 48
+hours at 10:00: the safety net under the automation, which refreshes a tenant's audiences
+minutes after its marts change) and the churn holdout checks the bands (weekly)."""
 
 from datetime import date
 
 import dagster as dg
 
-from cdp_assets.analytics.jobs import audiences_refresh, churn_holdout_refresh
+from cdp_assets.analytics.jobs import all_tenants_tags, audiences_refresh, churn_holdout_refresh
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.tenants.runs import block_request, tenant_blocks, tenants_with_partitions
 from cdp_assets.vtex.schedules import TIMEZONE
@@ -30,8 +31,9 @@ FORTY_EIGHT_HOUR_CADENCE = (
     cron_schedule="0 10 * * *",
     execution_timezone=TIMEZONE,
     default_status=dg.DefaultScheduleStatus.RUNNING,
-    description="Every audience materialized view (all tenants) refreshed every 48 hours, at"
-    f" 10:00 (Buenos Aires). {FORTY_EIGHT_HOUR_CADENCE}",
+    description="Every tenant's audiences rebuilt every 48 hours, at 10:00 (Buenos Aires), in one"
+    " run: the safety net under the automation, which refreshes a tenant's audiences as soon"
+    f" as its marts change. {FORTY_EIGHT_HOUR_CADENCE}",
 )
 def audiences_every_48_hours(
     context: dg.ScheduleEvaluationContext,
@@ -39,7 +41,11 @@ def audiences_every_48_hours(
     day = context.scheduled_execution_time.date()
     if not on_48_hour_cadence(day):
         return dg.SkipReason(f"{day}: off day of the 48-hour cadence")
-    return dg.RunRequest(run_key=f"audiences|{day:%Y%m%d}")
+    try:
+        tags = all_tenants_tags(context.instance)
+    except LookupError as no_tenants:
+        return dg.SkipReason(str(no_tenants))
+    return dg.RunRequest(run_key=f"audiences|{day:%Y%m%d}", tags=tags)
 
 
 @dg.schedule(

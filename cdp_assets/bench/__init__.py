@@ -2,8 +2,11 @@
 
 Stages, in order: the ingestion write path against the old way and the COPY limit; ingestion
 end to end; analytics (dbt and the CLV fit, with `lifetimes` fitting the same data); activation
-(first push and unchanged re-sync per destination); the daily increment from new orders in the
-sandbox to pushed audiences. Results: `<scale>.json`, `<scale>.svg` and `summary.md`.
+(first push and unchanged re-sync per destination); the daily increment from new and changed
+orders in the sandbox (the List sync and the orders feed) to pushed audiences; at seed,
+freshness: each order event followed to the Meta audience while Dagster's daemon runs the
+chain (`CDP_BENCH_FRESHNESS_MINUTES`, 30 by default). Results: `<scale>.json`, `<scale>.svg`
+and `summary.md`.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import Any
 
 import psycopg
 
+from cdp_assets.bench import freshness
 from cdp_assets.bench.environment import RUN_WORKERS, open_bench
 from cdp_assets.bench.pipeline import run_activation, run_analytics, run_increment, run_ingestion
 from cdp_assets.bench.report import consistency_checks, judge_targets, write_report
@@ -110,6 +114,8 @@ def run_bench(
             for run_stage in STAGES:
                 result = run_stage(bench)
                 stages[result.name] = result.as_dict()
+            if scale.name in freshness.SCALES:
+                stages["freshness"] = freshness.run_freshness(bench).as_dict()
     except BaseException as failure:
         # A long run that fails late still reports the stages it measured.
         error = f"{type(failure).__name__}: {failure}"

@@ -239,3 +239,8 @@ class Stopwatch:
 
     def rounded(self) -> dict[str, float]:
         return {name: round(value, 3) for name, value in self.seconds.items()}
+
+
+def consistency_check(name: str, expected: Any, actual: Any) -> dict[str, Any]:
+    """A stage's check that two counts agree, as the report lists it."""
+    return {"check": name, "expected": expected, "actual": actual, "ok": expected == actual}

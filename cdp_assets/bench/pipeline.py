@@ -25,7 +25,7 @@ from cdp_assets.bench.environment import (
     RunRecord,
     RunRequest,
 )
-from cdp_assets.bench.measure import StageResult, Stopwatch, stage
+from cdp_assets.bench.measure import StageResult, Stopwatch, consistency_check, stage
 from cdp_assets.google.assets import google_customer_match
 from cdp_assets.meta.assets import meta_custom_audiences
 from cdp_assets.partitions import (
@@ -39,7 +39,10 @@ from cdp_assets.sandbox import credentials_for
 from cdp_assets.tenants.registry import list_tenants
 from cdp_assets.tenants.runs import block_request, tenant_blocks
 from cdp_assets.vtex.client import CATALOG_WINDOW
+from cdp_assets.vtex.feed import FeedSettings, turn_feed_on
+from cdp_assets.vtex.feed_defs import FEED_SYNC_JOB
 from cdp_assets.vtex.jobs import ORDERS_SYNC_JOB, TENANT_SYNC_JOB
+from cdp_assets.vtex.resources import VtexResource
 from cdp_assets.vtex.schedules import order_sync_requests
 
 # RFM segments are disjoint, so their members add up to distinct customers. Taken in this
@@ -74,10 +77,6 @@ def _as_run(job_name: str, request: dg.RunRequest) -> RunRequest:
         tags=dict(request.tags),
         asset_selection=request.asset_selection,
     )
-
-
-def _check(name: str, expected: Any, actual: Any) -> dict[str, Any]:
-    return {"check": name, "expected": expected, "actual": actual, "ok": expected == actual}
 
 
 SLOWEST_DBT_NODES = 8
@@ -278,21 +277,21 @@ def run_ingestion(bench: Bench) -> StageResult:
         ],
         **_runs_summary(runs),
         "consistency": [
-            _check(
+            consistency_check(
                 "orders landed == sandbox orders", sum(s.total_orders for s in bench.specs), orders
             ),
-            _check(
+            consistency_check(
                 "products landed == sandbox products",
                 sum(s.products for s in bench.specs),
                 products,
             ),
-            _check("SKUs landed == sandbox SKUs", _sandbox_sku_count(bench), skus),
-            _check(
+            consistency_check("SKUs landed == sandbox SKUs", _sandbox_sku_count(bench), skus),
+            consistency_check(
                 "customers landed == sandbox CL records",
                 sum(s.customers for s in bench.specs),
                 customers,
             ),
-            _check("rejects", 0, rejects),
+            consistency_check("rejects", 0, rejects),
         ],
     }
     return result
@@ -321,7 +320,7 @@ def _refresh_analytics(bench: Bench, watch: Stopwatch, runs: list[RunRecord]) ->
     with watch.part("tenant_refresh"):
         runs.append(bench.runner.run(_all_tenants_run(bench, ANALYTICS_JOB)))
     with watch.part("audiences_refresh"):
-        runs.append(bench.runner.run(RunRequest(AUDIENCES_JOB, "all tenants")))
+        runs.append(bench.runner.run(_all_tenants_run(bench, AUDIENCES_JOB)))
 
 
 def run_analytics(bench: Bench) -> StageResult:
@@ -380,8 +379,10 @@ def run_analytics(bench: Bench) -> StageResult:
             "tenants": clv_rows,
         },
         "consistency": [
-            _check("customer_predictions rows == purchase summary rows", summaries, predictions),
-            _check("churn holdout rows > 0", True, holdout_rows > 0),
+            consistency_check(
+                "customer_predictions rows == purchase summary rows", summaries, predictions
+            ),
+            consistency_check("churn holdout rows > 0", True, holdout_rows > 0),
         ],
     }
     return result
@@ -494,12 +495,12 @@ def run_activation(bench: Bench) -> StageResult:
                 f" re-sync {resync['seconds']:.1f} s"
             )
             consistency += [
-                _check(
+                consistency_check(
                     f"{platform}: members in the sandbox == added on first push",
                     first["added"],
                     _platform_members(bench, platform),
                 ),
-                _check(
+                consistency_check(
                     f"{platform}: unchanged re-sync sends nothing",
                     0,
                     resync["added"] + resync["removed"],
@@ -522,6 +523,7 @@ def run_activation(bench: Bench) -> StageResult:
 # stamp is the increment's), created in the 48 hours before it, and both. Matched by (tenant,
 # order id): order ids are the stores' own, and at large scale one store's new id was another's
 # old one (45,001 matches for 45,000 new orders by id alone).
+INCREMENT_ORDER_ASSETS = ["vtex_orders", "vtex_orders_feed"]
 INCREMENT_LANDED_SQL = """
 SELECT count(*) FILTER (WHERE increment.is_new),
        count(*) FILTER (WHERE NOT increment.is_new AND change_stamp >= %(at)s),
@@ -535,11 +537,30 @@ SELECT count(*) FILTER (WHERE increment.is_new),
 """
 
 
+def turn_feeds_on(bench: Bench) -> None:
+    """The orders feed on for every tenant (`cdp tenants feed --on`), every status change."""
+    vtex = VtexResource()
+    with bench.connect() as conn:
+        for tenant in list_tenants(conn, active_only=True):
+            turn_feed_on(conn, vtex.client_for(tenant), tenant.tenant_id, FeedSettings())
+
+
+def _drain_feeds(bench: Bench) -> list[RunRecord]:
+    """Drain runs over every tenant (one run, as the feed sensor requests neighbours) until
+    one finds no event: a run reads at most MAX_LOTS_PER_RUN lots of each feed."""
+    runs: list[RunRecord] = []
+    while not runs or runs[-1].total("feed_events") > 0:
+        runs.append(bench.runner.run(_all_tenants_run(bench, FEED_SYNC_JOB)))
+    return runs
+
+
 def run_increment(bench: Bench) -> StageResult:
-    """New and changed orders appear in every store; then what production runs next: the
-    48-hour order sync of every tenant (as the twice-daily schedule requests it), analytics,
+    """New and changed orders appear in every store, whose orders feed is on; then what
+    production runs next: the 48-hour order sync of every tenant (as the twice-daily schedule
+    requests it), a drain of every feed (the changes to orders older than 48 hours), analytics,
     audiences and activation. Timed from the increment being in the sandbox to the last push."""
     plan = dict(zip(bench.tenant_ids, bench.scale.increment(), strict=True))
+    turn_feeds_on(bench)
     at = datetime.now(UTC)
     started = time.perf_counter()
     affected: dict[str, tuple[list[str], list[str]]] = {}
@@ -559,6 +580,8 @@ def run_increment(bench: Bench) -> StageResult:
                     for sync in order_sync_requests(tenant_rows, datetime.now(UTC))
                 ]
             )
+        with watch.part("feed_drain"):
+            runs += _drain_feeds(bench)
         _refresh_analytics(bench, watch, runs)
         with watch.part("activation"), bench.connect() as conn:
             # What the audience-change sensor requests on its next tick.
@@ -568,7 +591,10 @@ def run_increment(bench: Bench) -> StageResult:
                 bench.instance.get_dynamic_partitions(tenants.name),
             )
             runs += bench.runner.run_all([_as_run(activation_push.name, r) for r in changes])
-        orders_read = int(sum(run.total("rows_received", ["vtex_orders"]) for run in runs))
+        orders_read = int(
+            sum(run.total("rows_received", ["vtex_orders"]) for run in runs)
+            + sum(run.total("orders_fetched", ["vtex_orders_feed"]) for run in runs)
+        )
         result.records = orders_read
         result.records_label = "orders read"
     bench.echo(f"  increment: {result.wall_seconds:.1f} s from increment to pushed audiences")
@@ -593,8 +619,13 @@ def run_increment(bench: Bench) -> StageResult:
         "mutate_seconds": round(mutate_seconds, 3),
         "parts_seconds": watch.rounded(),
         "orders_per_second": round(orders_read / watch.seconds["orders_sync"], 1),
-        "orders_inserted": int(sum(run.total("rows_inserted", ["vtex_orders"]) for run in runs)),
-        "orders_updated": int(sum(run.total("rows_updated", ["vtex_orders"]) for run in runs)),
+        "orders_inserted": int(
+            sum(run.total("rows_inserted", INCREMENT_ORDER_ASSETS) for run in runs)
+        ),
+        "orders_updated": int(
+            sum(run.total("rows_updated", INCREMENT_ORDER_ASSETS) for run in runs)
+        ),
+        "feed_events": int(sum(run.total("feed_events", ["vtex_orders_feed"]) for run in runs)),
         "members_added": int(sum(run.total("added", assets) for run in activation)),
         "members_removed": int(sum(run.total("removed", assets) for run in activation)),
         # Status changes of orders created before the 48-hour window are not re-read by the
@@ -603,13 +634,18 @@ def run_increment(bench: Bench) -> StageResult:
         "changed_orders_updated": changed_seen,
         **_runs_summary(runs),
         "consistency": [
-            _check(
+            consistency_check(
                 "orders landed == sandbox orders after the increment",
                 sum(s.total_orders for s in bench.specs) + new_count,
                 orders,
             ),
-            _check("new orders landed", new_count, new_landed),
-            _check("changed orders in the 48-hour window updated", changed_in_window, window_seen),
+            consistency_check("new orders landed", new_count, new_landed),
+            consistency_check(
+                "changed orders in the 48-hour window updated", changed_in_window, window_seen
+            ),
+            consistency_check(
+                "changed orders updated (List sync and feed)", len(ids) - new_count, changed_seen
+            ),
         ],
     }
     return result

@@ -21,6 +21,7 @@ STAGE_TITLES = {
     "analytics": "3. Analytics",
     "activation": "4. Activation",
     "increment": "5. Daily increment",
+    "freshness": "6. Freshness (order event to Meta audience)",
 }
 MEMORY_LIMIT_MB = 500.0
 
@@ -69,7 +70,7 @@ def _get(*path: str) -> Callable[[dict[str, Any]], float | None]:
             if not isinstance(node, dict) or key not in node:
                 return None
             node = node[key]
-        return float(node)
+        return None if node is None else float(node)
 
     return value
 
@@ -123,6 +124,14 @@ TARGETS = (
         True,
         _get("activation", "destinations", "meta", "first_push", "seconds"),
         project=_push_projection,
+    ),
+    Target(
+        "Order event to the Meta audience, p95 (freshness)",
+        300,
+        "s",
+        False,
+        True,
+        _get("freshness", "p95_seconds"),
     ),
     Target("Write path vs plain COPY", 0.5, "x", True, False, _get("write_path", "ours_vs_copy")),
     Target(

@@ -12,6 +12,18 @@ from cdp_assets.privacy.erase import (
 
 PRIVACY_REQUESTS_JOB = "privacy_requests"
 
+# The suppression list, which the purchase summary reads (dbt source `cdp.privacy_suppressions`):
+# written by `cdp privacy`, not computed by Dagster.
+privacy_suppressions_table = dg.AssetSpec(
+    key=["cdp", "privacy_suppressions"],
+    group_name="privacy",
+    description="People suppressed per tenant by a privacy request (`cdp privacy suppress`,"
+    " `erase`), as SHA-256 of their normalized identifiers: in no mart, audience or"
+    " destination of the tenant from the next refresh on.",
+    kinds={"postgres"},
+    metadata={"dagster/table_name": "cdp.privacy_suppressions"},
+)
+
 
 @dg.op
 def resume_open_erasures(context: dg.OpExecutionContext, warehouse: WarehouseResource) -> None:
@@ -49,4 +61,8 @@ privacy_requests_schedule = dg.ScheduleDefinition(
 
 
 def defs() -> dg.Definitions:
-    return dg.Definitions(jobs=[privacy_requests_job], schedules=[privacy_requests_schedule])
+    return dg.Definitions(
+        assets=[privacy_suppressions_table],
+        jobs=[privacy_requests_job],
+        schedules=[privacy_requests_schedule],
+    )

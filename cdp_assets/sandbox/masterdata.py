@@ -321,3 +321,125 @@ class ScrollRegistry:
         horizon = self._clock() - SCROLL_IDLE_SECONDS
         for token in [t for t, s in self._scrolls.items() if s.touched < horizon]:
             del self._scrolls[token]
+
+
+# The CL entity's structure as `GET /api/dataentities/CL` gives it (schema `Getdataentityfields`
+# of the Master Data v1 spec): the fields the sandbox's documents carry, and the merchant's own.
+_CL_STANDARD_FIELDS = (
+    ("id", "Varchar 100", False),
+    ("userId", "Varchar 100", True),
+    ("email", "Email", True),
+    ("firstName", "Varchar 100", True),
+    ("lastName", "Varchar 100", True),
+    ("document", "Varchar 50", True),
+    ("documentType", "Varchar 10", True),
+    ("phone", "Varchar 50", True),
+    ("isNewsletterOptIn", "Boolean", True),
+    ("createdIn", "Date and Time", True),
+    ("updatedIn", "Date and Time", True),
+)
+_INTERNAL_FIELDS = frozenset({"id", "createdIn", "updatedIn"})
+_VARCHAR = re.compile(r"Varchar (\d+)")
+_INSTANT = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:\d{2})?")
+FIELD_TYPES = ("Varchar 10", "Varchar 50", "Varchar 100", "Date and Time", "Integer", "Boolean")
+
+
+def _field(name: str, field_type: str, nullable: bool, internal: bool) -> dict[str, Any]:
+    return {
+        "name": name,
+        "type": field_type,
+        "displayName": name,
+        "isNullable": nullable,
+        "isSearchable": True,
+        "isFilter": True,
+        "isInternal": internal,
+    }
+
+
+class ClFieldWrites:
+    """Partial updates of a store's CL documents: the fields the merchant added to the entity,
+    and the values written to them, per document.
+
+    As Master Data v1 documents it (https://developers.vtex.com/docs/api-reference/
+    masterdata-api#patch-/api/dataentities/-acronym-/documents/-id-): the body is a JSON object
+    of fields and values, answered 204; a field must exist on the entity (custom fields are
+    created in the Admin's data structure, there is no v1 route for it); a Varchar holds a
+    string of at most its length; a PATCH on an id that has no document creates one holding
+    only the fields sent (UNVERIFIED on VTEX itself: modelled as the unkind case, so that a
+    client writing to unknown ids is seen doing it)."""
+
+    def __init__(self, existing: Callable[[str], bool]) -> None:
+        self._existing = existing
+        self._custom: dict[str, dict[str, Any]] = {}
+        self.values: dict[str, dict[str, Any]] = {}
+        self.created: set[str] = set()
+
+    def add_field(self, name: str, field_type: str = "Varchar 50", nullable: bool = True) -> None:
+        if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]{0,49}", name):
+            raise QueryError(f"invalid field name {name!r}")
+        if field_type not in FIELD_TYPES:
+            raise QueryError(f"field type must be one of {', '.join(FIELD_TYPES)}")
+        if any(standard == name for standard, _, _ in _CL_STANDARD_FIELDS):
+            raise QueryError(f"{name} is a standard CL field")
+        self._custom[name] = _field(name, field_type, nullable, False)
+
+    def fields(self) -> list[dict[str, Any]]:
+        standard = [
+            _field(name, field_type, nullable, name in _INTERNAL_FIELDS)
+            for name, field_type, nullable in _CL_STANDARD_FIELDS
+        ]
+        return standard + list(self._custom.values())
+
+    def structure(self) -> dict[str, Any]:
+        return {
+            "acronym": "CL",
+            "name": "Client",
+            "primaryKeyType": "GUID",
+            "allowGetAll": False,
+            "fields": self.fields(),
+        }
+
+    def patch(self, document_id: str, body: Any) -> None:
+        """Validate the body against the entity, then keep its values; refused whole."""
+        if not isinstance(body, dict) or not body:
+            raise QueryError("the body must be a JSON object with the fields to update")
+        fields = {field["name"]: field for field in self.fields()}
+        for name, value in body.items():
+            field = fields.get(name)
+            if field is None:
+                raise QueryError(f"Field '{name}' does not exist in data entity 'CL'")
+            if field["isInternal"]:
+                raise QueryError(f"Field '{name}' cannot be written")
+            _check_value(field, value)
+        if not self._existing(document_id) and document_id not in self.values:
+            self.created.add(document_id)
+        self.values.setdefault(document_id, {}).update(body)
+
+    def document(self, document_id: str, stored: dict[str, Any] | None) -> dict[str, Any] | None:
+        """The document as the store holds it now: generated fields, then values written."""
+        written = self.values.get(document_id)
+        if stored is None and written is None:
+            return None
+        custom = {name: None for name in self._custom}
+        return {**(stored or {"id": document_id}), **custom, **(written or {})}
+
+
+def _check_value(field: dict[str, Any], value: Any) -> None:
+    name, field_type = field["name"], field["type"]
+    if value is None:
+        if not field["isNullable"]:
+            raise QueryError(f"Field '{name}' cannot be null")
+        return
+    varchar = _VARCHAR.fullmatch(field_type)
+    if varchar or field_type == "Email":
+        if not isinstance(value, str):
+            raise QueryError(f"Field '{name}' ({field_type}) takes a string")
+        if varchar and len(value) > int(varchar.group(1)):
+            raise QueryError(f"Field '{name}' holds at most {varchar.group(1)} characters")
+    elif field_type == "Date and Time":
+        if not isinstance(value, str) or not _INSTANT.fullmatch(value):
+            raise QueryError(f"Field '{name}' takes an ISO 8601 date and time")
+    elif field_type == "Boolean" and not isinstance(value, bool):
+        raise QueryError(f"Field '{name}' is a boolean")
+    elif field_type == "Integer" and (isinstance(value, bool) or not isinstance(value, int)):
+        raise QueryError(f"Field '{name}' is an integer")

@@ -78,6 +78,7 @@ from cdp_assets.sandbox.masterdata import (
     SCROLL_MAX_SIZE,
     SEARCH_MAX_DOCUMENTS,
     SEARCH_MAX_PAGE,
+    ClFieldWrites,
     CustomerQuery,
     ScrollRegistry,
     parse_fields,
@@ -209,6 +210,9 @@ class _Account:
         self.feed = OrderFeed(store.account)
         self.collections = Collections(store)
         self.customers = CustomerQuery(store)
+        self.cl_writes = ClFieldWrites(
+            lambda document_id: store.customer_row(document_id) is not None
+        )
         self.scrolls = ScrollRegistry()
         self.requests: Counter[str] = Counter()
         self.faults: Counter[str] = Counter()
@@ -775,6 +779,34 @@ async def scroll_documents(call: _Call) -> Response:
     )
 
 
+def _cl_only(call: _Call) -> None:
+    if call.request.path_params["acronym"] != "CL":
+        raise ApiError(404, "The sandbox only serves the CL data entity")
+
+
+async def data_entity_structure(call: _Call) -> Response:
+    _cl_only(call)
+    return _json(call.account.cl_writes.structure())
+
+
+async def get_document(call: _Call) -> Response:
+    _cl_only(call)
+    document_id = call.request.path_params["document_id"]
+    row = call.store.customer_row(document_id)
+    stored = customer_document(call.store, row) if row is not None else None
+    document = call.account.cl_writes.document(document_id, stored)
+    if document is None:
+        raise ApiError(404, "Document not found")
+    return _json(project(document, parse_fields(call.params.get("_fields"))))
+
+
+async def patch_document(call: _Call) -> Response:
+    _cl_only(call)
+    body = await _body(call.request)
+    call.account.cl_writes.patch(call.request.path_params["document_id"], body)
+    return Response(status_code=204)
+
+
 # ----- admin --------------------------------------------------------------------------------------
 
 
@@ -866,6 +898,22 @@ async def configure_collections(request: Request) -> Response:
         ) from None
     _admin_account(request).collections.configure(rate, lag, seed)
     return _empty_ok()
+
+
+async def add_cl_field(request: Request) -> Response:
+    """The merchant adds a field to the CL entity (in VTEX: the Admin's data structure)."""
+    body = await _body(request)
+    if not isinstance(body, dict) or not isinstance(body.get("name"), str):
+        raise ApiError(400, 'body must be {"name": str, "type": str, "nullable": bool}')
+    writes = _admin_account(request).cl_writes
+    writes.add_field(body["name"], body.get("type", "Varchar 50"), bool(body.get("nullable", True)))
+    return _empty_ok()
+
+
+async def cl_written(request: Request) -> Response:
+    """Values written to CL documents by PATCH, and the ids a PATCH created a document for."""
+    writes = _admin_account(request).cl_writes
+    return _json({"values": writes.values, "created": sorted(writes.created)})
 
 
 async def mutate(request: Request) -> Response:
@@ -1037,6 +1085,22 @@ def build_app(stores: list[Store]) -> Starlette:
         ),
         api("/dataentities/{acronym}/search", "masterdata", "search_documents", search_documents),
         api("/dataentities/{acronym}/scroll", "masterdata", "scroll_documents", scroll_documents),
+        api(
+            "/dataentities/{acronym}/documents/{document_id}",
+            "masterdata",
+            "get_document",
+            get_document,
+        ),
+        api(
+            "/dataentities/{acronym}/documents/{document_id}",
+            "masterdata",
+            "patch_document",
+            patch_document,
+            "PATCH",
+        ),
+        api(
+            "/dataentities/{acronym}", "masterdata", "data_entity_structure", data_entity_structure
+        ),
         Route("/_sandbox/health", health),
         # Another origin's endpoint (reached under another host name) recording what a
         # redirect made clients send it; before the routes below, which would take "capture"
@@ -1048,6 +1112,8 @@ def build_app(stores: list[Store]) -> Starlette:
         Route("/_sandbox/stats", _admin(stats)),
         Route("/_sandbox/{account}/mutate", _admin(mutate), methods=["POST"]),
         Route("/_sandbox/{account}/collections", _admin(configure_collections), methods=["POST"]),
+        Route("/_sandbox/{account}/masterdata/fields", _admin(add_cl_field), methods=["POST"]),
+        Route("/_sandbox/{account}/masterdata/written", _admin(cl_written)),
         Route("/_sandbox/{account}/export/{entity}", _admin(export)),
     ]
     app = Starlette(routes=routes)

@@ -61,3 +61,13 @@ def block_request(
         asset_selection=asset_selection,
         tags={**scope, **run_priority(min(block, key=lambda tenant: tenant.priority))},
     )
+
+
+def run_tenants_of(run: dg.DagsterRun, partition_order: Sequence[str]) -> set[str]:
+    """The tenant partitions a run covers: its partition, or its range in `partition_order`."""
+    if "dagster/partition" in run.tags:
+        return {run.tags["dagster/partition"]}
+    first, last = run.tags.get(RANGE_START_TAG), run.tags.get(RANGE_END_TAG)
+    if first not in partition_order or last not in partition_order:
+        return set()
+    return set(partition_order[partition_order.index(first) : partition_order.index(last) + 1])

@@ -29,6 +29,12 @@ from cdp_assets.tenants.registry import Tenant, get_tenant, vtex_orders_availabl
 from cdp_assets.vtex.client import VtexClient, VtexRequestFailed
 from cdp_assets.vtex.collection_rules import collection_skus
 from cdp_assets.vtex.collections import VtexCollections
+from cdp_assets.vtex.masterdata_writeback import (
+    VtexMasterDataFields,
+    WritebackFields,
+    customer_fields,
+    destination_fields,
+)
 from cdp_assets.vtex.resources import VtexResource
 from cdp_assets.vtex.sync import (
     CUSTOMERS,
@@ -343,6 +349,48 @@ def vtex_product_collections(
         ("vtex_collections",),
         config,
         collections_for,
+        members,
+        lambda _conn, _target: None,
+        workers=1,
+    )
+
+
+@dg.asset(
+    partitions_def=tenants,
+    backfill_policy=dg.BackfillPolicy.single_run(),
+    deps=[dbt_audiences, dbt_tenant_models],
+    group_name="activation",
+    kinds={"vtex", "python"},
+    pool=VTEX_API_POOL,
+    retry_policy=ACTIVATION_RETRY,
+    metadata={"dagster/table_name": "cdp.activation_runs"},
+)
+def vtex_masterdata_fields(
+    context: dg.AssetExecutionContext,
+    config: ActivationConfig,
+    warehouse: WarehouseResource,
+    vtex: VtexResource,
+) -> dg.MaterializeResult:
+    """Segments, CLV tiers and churn bands written to the tenant's Master Data CL documents
+    (destinations with platform 'vtex_masterdata', see `vtex/masterdata_writeback.py`): only
+    the documents whose values changed, within the account's shared request budget."""
+
+    def members(reader: psycopg.Connection, target: DestinationAudience) -> MemberSource:
+        return customer_fields(reader, target, WritebackFields.from_params(target.params))
+
+    def fields_for(destination: Destination) -> VtexMasterDataFields:
+        with warehouse.connect() as conn:
+            tenant = get_tenant(conn, destination.tenant_id)
+            fields = destination_fields(conn, destination.destination_id)
+        return VtexMasterDataFields(vtex.client_for(tenant), fields)
+
+    # One destination at a time: each writes at the account's whole request budget already.
+    return activate(
+        context,
+        warehouse.connect,
+        ("vtex_masterdata",),
+        config,
+        fields_for,
         members,
         lambda _conn, _target: None,
         workers=1,

@@ -1,7 +1,10 @@
 {#-
-    Audiences: one materialized view per audience, every tenant in it (tenant_id column),
-    refreshed without keeping readers waiting. An audience is defined by its members and their reason columns;
-    the identifier columns are the same everywhere and come from here.
+    Audiences: one table per audience, every tenant in it (tenant_id column), refreshed one
+    tenant (or a few) at a time: a refresh deletes the run's tenants' rows and inserts their
+    new ones in one transaction (delete_tenant_rows), so a reader sees a tenant's old members
+    or its new ones, never none, and no other tenant's rows are touched. An audience is
+    defined by its members and their reason columns; the identifier columns are the same
+    everywhere and come from here.
 -#}
 
 {#-
@@ -25,27 +28,39 @@
 
 {#-
     Pre-hook of the audiences folder. Activation reads an audience by tenant_id and
-    customer_key, from a materialized view: every audience declares a contract with at least
-    those columns, and the contract is held here, since dbt-postgres enforces none on a
-    materialized view (it does on the catalog, a view). The check compiles the model's query
-    and the declared columns without reading a row (dbt's own check for tables and views).
+    customer_key, one tenant at a time: every audience is a table refreshed per tenant
+    (incremental, rows of the run's tenants replaced) with an enforced contract declaring at
+    least those columns. dbt itself then checks the query's columns against the contract.
 -#}
 {% macro enforce_audience_contract() -%}
     {%- if execute and model.name in audience_models() -%}
         {%- set declared = model.columns.values() | selectattr('data_type') | map(attribute='name') | list -%}
         {%- set missing = ['tenant_id', 'customer_key'] | reject('in', declared) | list -%}
         {%- set contract = config.get('contract') -%}
-        {%- if config.get('materialized') != 'materialized_view' or not contract.enforced or missing -%}
+        {%- if config.get('materialized') != 'incremental' or not contract.enforced or missing -%}
             {{ exceptions.raise_compiler_error(
-                "audience " ~ model.name ~ " must be a materialized view with an enforced contract"
+                "audience " ~ model.name ~ " must be an incremental table with an enforced contract"
                 ~ " declaring (with data_type) at least tenant_id and customer_key"
                 ~ (" (missing: " ~ missing | join(', ') ~ ")" if missing else "")
                 ~ ": declare it in models/audiences/_audiences__models.yml (README, Add an audience)"
             ) }}
         {%- endif -%}
-        {{ get_assert_columns_equivalent(sql) }}
     {%- endif -%}
 {%- endmacro %}
+
+
+{#-
+    Post-hook of the audiences: marks the table as built by dbt from this SQL (its comment),
+    which is how activation tells a dbt audience no model declares any more (a branch's, a
+    dropped one: nothing refreshes it) from a table someone made by hand. COMMENT takes a
+    SHARE UPDATE EXCLUSIVE lock, which readers do not conflict with. A no-op for the catalog
+    (a view).
+-#}
+{% macro record_audience_sql() %}
+    {%- if config.get('materialized') == 'incremental' -%}
+        comment on table {{ this }} is {{ sql_literal('dbt_sql_md5:' ~ local_md5(sql)) }}
+    {%- endif -%}
+{% endmacro %}
 
 
 {#-
@@ -72,17 +87,19 @@
 {#-
     The whole SQL of one RFM segment audience (models/audiences/audience_rfm_*.sql are one
     call each): the segment's members with their scores as reason columns.
-    No as_of or tenant var in here: a materialized view keeps the SQL it was created with
-    and is only refreshed afterwards, so every date-dependent value comes from the marts.
+    The run's tenants only (var tenant_id); every date-dependent value comes from the marts,
+    built as of the same day.
 -#}
 {% macro rfm_audience(segment) %}
 with customers as (
     select * from {{ ref('customers') }}
+    where {{ tenant_filter() }}
 ),
 
 segment_members as (
     select * from {{ ref('rfm_segments') }}
-    where segment = {{ sql_literal(segment) }}
+    where {{ tenant_filter() }}
+        and segment = {{ sql_literal(segment) }}
 )
 
 select

@@ -39,7 +39,9 @@
 -#}
 {% macro delete_tenant_rows() %}
     {{- refuse_partial_full_refresh() -}}
-    {%- if is_incremental() -%}
+    {#- A model that deletes only the rows it rebuilds (macro changed_customers_scope) says so
+        in meta rows_rebuilt. -#}
+    {%- if is_incremental() and not config.get('meta', {}).get('rows_rebuilt') -%}
         delete from {{ this }} where {{ tenant_filter() }}
     {%- endif -%}
 {% endmacro %}

@@ -6,6 +6,8 @@
     same-day orders are one purchase for frequency_x and their spend is summed.
 
     One macro for today's summary and the churn holdout's, so both follow the same rules.
+    `changed_only`: the rows of the customers in changed_customers only on an incremental run
+    (macro changed_customers_scope, today's summary).
 
     Customers suppressed in their tenant (a privacy request: cdp.privacy_suppressions holds
     the SHA-256 of their normalized e-mail, E.164 phone or document) are left out, whichever
@@ -13,32 +15,25 @@
     audience, even when the store sends their data again. Their orders stay in
     int_orders__purchases, the store's order figures.
 -#}
-{% macro purchase_summary(as_of) %}
+{% macro purchase_summary(as_of, changed_only=false) %}
 with suppressions as (
     select tenant_id, identifier_sha256 from {{ source('cdp', 'privacy_suppressions') }}
     where {{ tenant_filter() }}
 ),
 
--- Each record's keys are hashed once, and only in a tenant that has suppressions.
 suppressed_customers as (
-    select distinct record_keys.tenant_id, record_keys.customer_key
-    from {{ ref('int_identity__customer_keys') }} as record_keys
-    cross join lateral (
-        values (record_keys.email_normalized), (record_keys.phone_e164),
-            (record_keys.document_normalized)
-    ) as identifiers (identifier)
-    where {{ tenant_filter('record_keys.tenant_id') }}
-        and record_keys.tenant_id in (select tenant_id from suppressions)
-        and (record_keys.tenant_id, {{ sha256_hex('identifiers.identifier') }})
-            in (select tenant_id, identifier_sha256 from suppressions)
+    {{ suppressed_customers('suppressions') }}
 ),
 
 purchases as (
-    select * from {{ ref('int_orders__purchases') }}
+    select * from {{ ref('int_orders__purchases') }} as purchases
     where {{ tenant_filter() }}
         and is_purchase
         and order_date <= {{ as_of }}
         and (tenant_id, customer_key) not in (select tenant_id, customer_key from suppressed_customers)
+        {%- if changed_only %}
+        and {{ in_changed_customers('purchases') }}
+        {%- endif %}
 ),
 
 purchase_days as (
@@ -74,7 +69,9 @@ select
     -- The tenant's time to a second purchase (churn_bands) comes from here, not from a sort
     -- of every purchase day.
     min(purchase_date) filter (where day_number = 2) as second_purchase_date,
-    coalesce(avg(day_spend) filter (where day_number > 1), 0)::numeric(18, 2) as mean_repeat_spend
+    coalesce(avg(day_spend) filter (where day_number > 1), 0)::numeric(18, 2) as mean_repeat_spend,
+    -- When this run built the row (macro changed_customers_scope).
+    now() as built_at
 from purchase_days
 group by tenant_id, customer_key
 {% endmacro %}

@@ -400,7 +400,7 @@ def _build(warehouse_url: str, instance: dg.DagsterInstance) -> Pipeline:
             ]
             for tenant_id in pipeline.tenant_ids:
                 _run(pipeline, instance, ANALYTICS_JOB, partition_key=tenant_id)
-            _run(pipeline, instance, AUDIENCES_JOB)
+                _run(pipeline, instance, AUDIENCES_JOB, partition_key=tenant_id)
             for tenant_id in pipeline.tenant_ids:
                 keys = shared_customer_keys(conn, tenant_id, pipeline.crafted[tenant_id])
                 pipeline.audiences[tenant_id] = _pick_audience(conn, tenant_id, keys)

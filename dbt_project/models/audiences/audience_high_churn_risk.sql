@@ -2,11 +2,13 @@
 -- retention offer still pays.
 with customers as (
     select * from {{ ref('customers') }}
+    where {{ tenant_filter() }}
 ),
 
 churn_risk as (
     select * from {{ ref('churn_risk') }}
-    where churn_band = 'high'
+    where {{ tenant_filter() }}
+        and churn_band = 'high'
 )
 
 select

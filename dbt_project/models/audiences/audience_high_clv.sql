@@ -4,11 +4,13 @@
 -- longer customers (identity changed since the fit) are ignored.
 with customers as (
     select * from {{ ref('customers') }}
+    where {{ tenant_filter() }}
 ),
 
 predictions as (
     select * from {{ source('analytics_python', 'customer_predictions') }}
-    where clv_1y > 0
+    where {{ tenant_filter() }}
+        and clv_1y > 0
 ),
 
 ranked as (

@@ -1,14 +1,16 @@
 -- Customers whose first purchase was at most var new_customer_days (30) days before the
 -- as-of date of the last build: onboarding and second-purchase campaigns.
--- The age comes from the purchase summary (built as of as_of), not from current_date: a
--- materialized view keeps its SQL, so a date in it would freeze at creation.
+-- The age comes from the purchase summary (built as of the refresh's as_of), not from
+-- current_date, so the audience agrees with the marts it was built from.
 with customers as (
     select * from {{ ref('customers') }}
+    where {{ tenant_filter() }}
 ),
 
 purchase_summary as (
     select * from {{ ref('int_customers__purchase_summary') }}
-    where age_t_days <= {{ var('new_customer_days') | int }}
+    where {{ tenant_filter() }}
+        and age_t_days <= {{ var('new_customer_days') | int }}
 )
 
 select

@@ -2,7 +2,8 @@
 -- have a usable e-mail address.
 with customers as (
     select * from {{ ref('customers') }}
-    where is_newsletter_opt_in
+    where {{ tenant_filter() }}
+        and is_newsletter_opt_in
         and email is not null
 )
 

@@ -2,10 +2,12 @@
 -- tenant's median customer revenue.
 with customers as (
     select * from {{ ref('customers') }}
+    where {{ tenant_filter() }}
 ),
 
 churn_risk as (
     select * from {{ ref('churn_risk') }}
+    where {{ tenant_filter() }}
 ),
 
 tenant_medians as (

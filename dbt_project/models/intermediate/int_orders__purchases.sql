@@ -13,6 +13,9 @@
 -- - every order of the records resolved again since (int_identity__customer_keys): a merge
 --   or split of customers moves them to another customer_key.
 -- Keyed like the table, delete+insert replaces exactly those orders.
+-- replaced_customer_key is the customer a rebuilt order belonged to until then, when another
+-- (a merge, a split, an order that changed hands): that customer's figures change too, and
+-- the per-customer models downstream find it here (macro changed_customers_scope).
 -- Indexed by key (what delete+insert finds the replaced rows by, and the grain) and by each
 -- tenant's latest build. Created before an incremental run too: a table built before they
 -- existed (an upgrade) was searched by nested loops over every row.
@@ -31,7 +34,8 @@
 {% if is_incremental() %}
 {#- Columns added by an upgrade are NULL until the first run after it stores them. -#}
 {%- set built_rows -%}
-    (select tenant_id, order_id, {{ built_columns(['landed_at', 'built_at'], 'timestamptz') }}
+    (select tenant_id, order_id, customer_key,
+        {{ built_columns(['landed_at', 'built_at'], 'timestamptz') }}
     from {{ this }})
 {%- endset %}
 {% endif %}
@@ -89,7 +93,12 @@ purchases as (
         orders.is_purchase,
         orders.created_at,
         -- The landing it was built from: an order landing again differs.
-        orders.landed_at
+        orders.landed_at,
+        {% if is_incremental() -%}
+        nullif(built.customer_key, customer_keys.customer_key)
+        {%- else -%}
+        null::text
+        {%- endif %} as replaced_customer_key
     from orders
     inner join customer_keys
         on orders.tenant_id = customer_keys.tenant_id

@@ -2,9 +2,16 @@
 -- who only registered, or whose orders were all canceled, are not customers here), with
 -- purchase figures and the best contact data of all the customer's identity records
 -- (int_customers__profiles).
+--
+-- Incremental: a refresh rebuilds the customers whose purchase summary or profile it rebuilt
+-- since the tenant's rows were built, or the whole tenant on the first refresh of a day
+-- (macro changed_customers_scope, the pre-hook).
+-- depends_on: {{ ref('int_orders__purchases') }}
+-- depends_on: {{ ref('int_identity__customer_keys') }}
+-- depends_on: {{ source('cdp', 'privacy_suppressions') }}
 with purchase_summary as (
-    select * from {{ ref('int_customers__purchase_summary') }}
-    where {{ tenant_filter() }}
+    select * from {{ ref('int_customers__purchase_summary') }} as purchase_summary
+    where {{ tenant_filter() }} and {{ in_changed_customers('purchase_summary') }}
 ),
 
 profiles as (
@@ -38,7 +45,9 @@ select
     tenants.default_country as country,
     profiles.document,
     profiles.user_profile_id,
-    profiles.is_newsletter_opt_in
+    profiles.is_newsletter_opt_in,
+    purchase_summary.as_of,
+    now() as built_at
 from purchase_summary
 left join profiles
     on purchase_summary.tenant_id = profiles.tenant_id

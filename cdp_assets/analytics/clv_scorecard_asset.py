@@ -1,0 +1,280 @@
+"""The CLV holdout scorecard per tenant: the fit as of the churn holdout's calibration date,
+scored on each customer's purchases since (`clv_scorecard.py`), written to
+`analytics_python.clv_scorecard` (one row per tenant and calibration date, kept as a series),
+`analytics_python.clv_scorecard_deciles` and `analytics_python.clv_scorecard_customers` (the
+latest per tenant).
+
+Activation reads the latest `beats_baseline` per tenant before it targets a tier or audience
+derived from CLV."""
+
+from collections.abc import Sequence
+from dataclasses import asdict
+from datetime import UTC, date, datetime
+
+import dagster as dg
+import numpy as np
+import psycopg
+from dagster_dbt import get_asset_key_for_model
+
+from cdp_assets.analytics.assets import (
+    HOLDOUT_SUMMARY_MODEL,
+    as_of_day,
+    dbt_holdout_summary,
+    dbt_tenant_models,
+    refresh_started,
+    run_tenants,
+)
+from cdp_assets.analytics.clv_scorecard import Accuracy, Scorecard, score_holdout
+from cdp_assets.analytics.prediction_assets import FitInputs, read_fit_inputs
+from cdp_assets.analytics.predictions import predict
+from cdp_assets.lib.warehouse import WarehouseResource
+from cdp_assets.partitions import tenants
+
+CHECK_NAME = "clv_beats_naive_baseline"
+# Purchase days and spend after the calibration date (the summary's as_of) up to the holdout's
+# end, per customer of the summary; merged per day as the summary merges them.
+HOLDOUT_ACTUALS_SQL = f"""
+SELECT summary.customer_key, count(DISTINCT purchases.order_date),
+       coalesce(sum(purchases.order_total), 0)::float8
+  FROM intermediate.{HOLDOUT_SUMMARY_MODEL} summary
+  LEFT JOIN intermediate.int_orders__purchases purchases
+    ON purchases.tenant_id = summary.tenant_id
+   AND purchases.customer_key = summary.customer_key
+   AND purchases.is_purchase
+   AND purchases.order_date > summary.as_of
+   AND purchases.order_date <= %(holdout_end)s
+ WHERE summary.tenant_id = %(tenant_id)s
+ GROUP BY summary.customer_key
+"""
+
+_ACCURACY_COLUMNS = ("mae", "bias", "rank_correlation", "top_decile_share")
+
+
+def holdout_actuals(
+    conn: psycopg.Connection, inputs: FitInputs, holdout_end: date
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each customer's purchase days and spend in the holdout, in the order of `inputs.keys`."""
+    rows = conn.execute(
+        HOLDOUT_ACTUALS_SQL, {"tenant_id": inputs.tenant_id, "holdout_end": holdout_end}
+    ).fetchall()
+    by_key = {key: (days, spend) for key, days, spend in rows}
+    bought = np.array([by_key[key][0] for key in inputs.keys], dtype=np.float64)
+    spent = np.array([by_key[key][1] for key in inputs.keys], dtype=np.float64)
+    return bought, spent
+
+
+def score_tenants(
+    reader: psycopg.Connection,
+    writer: psycopg.Connection,
+    tenant_ids: Sequence[str],
+    holdout_end: date,
+) -> list[tuple[str, date, Scorecard]]:
+    """Score each tenant with customers as of its calibration date and record its scorecard
+    (replacing one of the same date); committed tenant by tenant."""
+    scored = []
+    for inputs in read_fit_inputs(reader, HOLDOUT_SUMMARY_MODEL, tenant_ids):
+        if inputs.as_of is None:
+            continue
+        bought, spent = holdout_actuals(writer, inputs, holdout_end)
+        fitted = predict(inputs.x, inputs.t_x, inputs.T, inputs.m_x, inputs.spend_per_day)
+        days = (holdout_end - inputs.as_of).days
+        card = score_holdout(
+            fitted, inputs.x, inputs.t_x, inputs.T, inputs.m_x, bought, spent, days
+        )
+        _record(writer, inputs, card, bought, spent)
+        writer.commit()
+        scored.append((inputs.tenant_id, inputs.as_of, card))
+    return scored
+
+
+def _accuracy_values(accuracy: Accuracy | None) -> list:
+    if accuracy is None:
+        return [None] * (1 + len(_ACCURACY_COLUMNS))
+    return [
+        accuracy.predicted_total,
+        accuracy.mean_absolute_error,
+        accuracy.bias,
+        accuracy.rank_correlation,
+        accuracy.top_decile_share,
+    ]
+
+
+def _record(
+    conn: psycopg.Connection,
+    inputs: FitInputs,
+    card: Scorecard,
+    bought: np.ndarray,
+    spent: np.ndarray,
+) -> None:
+    tenant_id, calibration_date = inputs.tenant_id, inputs.as_of
+    columns = ["tenant_id", "calibration_date", "holdout_days", "customers", "model"]
+    columns += ["fallback_reason", "beats_baseline", "computed_at"]
+    values = [tenant_id, calibration_date, card.holdout_days, card.customers, card.model]
+    values += [card.fallback_reason, card.beats_baseline, datetime.now(UTC)]
+    for quantity in ("purchases", "spend"):
+        model = getattr(card, f"model_{quantity}")
+        naive = getattr(card, f"baseline_{quantity}")
+        columns += [f"actual_{quantity}", f"predicted_{quantity}", f"baseline_{quantity}"]
+        values += [naive.actual_total, model and model.predicted_total, naive.predicted_total]
+        columns += [f"{quantity}_{c}" for c in _ACCURACY_COLUMNS]
+        values += _accuracy_values(model)[1:]
+        columns += [f"baseline_{quantity}_{c}" for c in _ACCURACY_COLUMNS]
+        values += _accuracy_values(naive)[1:]
+    updates = ", ".join(f"{c} = excluded.{c}" for c in columns[2:])
+    conn.execute(
+        f"INSERT INTO analytics_python.clv_scorecard ({', '.join(columns)})"
+        f" VALUES ({', '.join(['%s'] * len(columns))})"
+        f" ON CONFLICT (tenant_id, calibration_date) DO UPDATE SET {updates}",
+        values,
+    )
+    conn.execute(
+        "DELETE FROM analytics_python.clv_scorecard_deciles"
+        " WHERE tenant_id = %s AND calibration_date = %s",
+        (tenant_id, calibration_date),
+    )
+    with conn.cursor().copy(
+        "COPY analytics_python.clv_scorecard_deciles (tenant_id, calibration_date, decile,"
+        " customers, predicted_purchases, actual_purchases, baseline_purchases, predicted_spend,"
+        " actual_spend, baseline_spend) FROM STDIN"
+    ) as copy:
+        for decile in card.deciles:
+            copy.write_row((tenant_id, calibration_date, *asdict(decile).values()))
+    _replace_customers(conn, inputs, card, bought, spent)
+
+
+def _replace_customers(
+    conn: psycopg.Connection,
+    inputs: FitInputs,
+    card: Scorecard,
+    bought: np.ndarray,
+    spent: np.ndarray,
+) -> None:
+    conn.execute(
+        "DELETE FROM analytics_python.clv_scorecard_customers WHERE tenant_id = %s",
+        (inputs.tenant_id,),
+    )
+    missing = [None] * len(inputs.keys)
+    columns = zip(
+        inputs.keys,
+        bought.astype(np.int64).tolist(),
+        card.predicted_purchases.tolist() if card.predicted_purchases is not None else missing,
+        card.baseline_per_customer[0].tolist(),
+        np.round(spent, 2).tolist(),
+        card.predicted_spend.tolist() if card.predicted_spend is not None else missing,
+        card.baseline_per_customer[1].tolist(),
+        strict=True,
+    )
+    with conn.cursor().copy(
+        "COPY analytics_python.clv_scorecard_customers (tenant_id, calibration_date, customer_key,"
+        " actual_purchases, predicted_purchases, baseline_purchases, actual_spend,"
+        " predicted_spend, baseline_spend) FROM STDIN"
+    ) as copy:
+        for row in columns:
+            copy.write_row((inputs.tenant_id, inputs.as_of, *row))
+
+
+def _figures(card: Scorecard) -> dict:
+    """Numbers plotted over time when the run is one tenant's."""
+    figures: dict = {
+        "customers": card.customers,
+        "holdout_days": card.holdout_days,
+        "beats_baseline": card.beats_baseline,
+    }
+    for quantity in ("purchases", "spend"):
+        for who in ("model", "baseline"):
+            accuracy = getattr(card, f"{who}_{quantity}")
+            if accuracy is None:
+                continue
+            figures[f"{who}/{quantity}_predicted"] = accuracy.predicted_total
+            figures[f"{who}/{quantity}_mae"] = accuracy.mean_absolute_error
+            for name in ("bias", "rank_correlation", "top_decile_share"):
+                value = getattr(accuracy, name)
+                if value is not None:
+                    figures[f"{who}/{quantity}_{name}"] = value
+    figures["actual/purchases"] = card.baseline_purchases.actual_total
+    figures["actual/spend"] = card.baseline_spend.actual_total
+    return figures
+
+
+def _deciles_table(card: Scorecard) -> str:
+    lines = [
+        "| decile | customers | purchases predicted | actual | baseline"
+        " | spend predicted | actual | baseline |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for d in card.deciles:
+        lines.append(
+            f"| {d.decile} | {d.customers} | {d.predicted_purchases:.3f} | {d.actual_purchases:.3f}"
+            f" | {d.baseline_purchases:.3f} | {d.predicted_spend:,.2f} | {d.actual_spend:,.2f}"
+            f" | {d.baseline_spend:,.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def _tenants_table(scored: list[tuple[str, date, Scorecard]]) -> str:
+    lines = [
+        "| tenant | calibrated | model | spend MAE | baseline | top decile | baseline | beats |",
+        "|---|---|---|---:|---:|---:|---:|---|",
+    ]
+    for tenant_id, calibration_date, card in scored:
+        model, naive = card.model_spend, card.baseline_spend
+        mae = f"{model.mean_absolute_error:,.2f}" if model else "-"
+        top = f"{model.top_decile_share:.1%}" if model and model.top_decile_share else "-"
+        naive_top = f"{naive.top_decile_share:.1%}" if naive.top_decile_share else "-"
+        lines.append(
+            f"| {tenant_id} | {calibration_date} | {card.model} | {mae}"
+            f" | {naive.mean_absolute_error:,.2f} | {top} | {naive_top} | {card.beats_baseline} |"
+        )
+    return "\n".join(lines)
+
+
+@dg.asset(
+    name="clv_scorecard",
+    description="""How well CLV predicts, per tenant: the BG/NBD + Gamma-Gamma fit as of the
+    churn holdout's calibration date against each customer's purchase days and spend since,
+    beside a naive baseline (the customer's past rate carried forward): error, bias, rank
+    correlation, the top decile's share and a calibration table by decile. Weekly, with the
+    churn holdout; `beats_baseline` gates what activation derives from CLV.""",
+    partitions_def=tenants,
+    backfill_policy=dg.BackfillPolicy.single_run(),
+    deps=[
+        get_asset_key_for_model([dbt_holdout_summary], HOLDOUT_SUMMARY_MODEL),
+        get_asset_key_for_model([dbt_tenant_models], "int_orders__purchases"),
+    ],
+    group_name="marts",
+    kinds={"python", "scipy", "postgres"},
+    metadata={"dagster/table_name": "analytics_python.clv_scorecard"},
+    check_specs=[
+        dg.AssetCheckSpec(
+            CHECK_NAME,
+            asset="clv_scorecard",
+            description="The CLV model predicts the holdout better than the naive baseline"
+            " (warns, per tenant of the run, when it does not).",
+        )
+    ],
+)
+def clv_scorecard(
+    context: dg.AssetExecutionContext, warehouse: WarehouseResource
+) -> dg.MaterializeResult:
+    holdout_end = date.fromisoformat(as_of_day(refresh_started(context)))
+    with warehouse.connect() as reader, warehouse.connect() as writer:
+        scored = score_tenants(reader, writer, run_tenants(context), holdout_end)
+    failing = [tenant_id for tenant_id, _, card in scored if not card.beats_baseline]
+    check = dg.AssetCheckResult(
+        check_name=CHECK_NAME,
+        passed=not failing,
+        severity=dg.AssetCheckSeverity.WARN,
+        metadata={
+            "tenants_scored": len(scored),
+            "not_better_than_baseline": dg.MetadataValue.md(
+                "\n".join(f"- {t}" for t in failing) or "none"
+            ),
+        },
+    )
+    metadata: dict = {"tenants": dg.MetadataValue.md(_tenants_table(scored))}
+    if len(scored) == 1:
+        _, calibration_date, card = scored[0]
+        metadata.update(_figures(card))
+        metadata["calibration_date"] = calibration_date.isoformat()
+        metadata["deciles"] = dg.MetadataValue.md(_deciles_table(card))
+    return dg.MaterializeResult(metadata=metadata, check_results=[check])

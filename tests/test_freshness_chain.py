@@ -1,0 +1,314 @@
+"""From an order event in a store to the ad platform, hands-off: the feed sensor drains the
+feed, the feed-changes sensor refreshes the tenant's analytics and audiences, the
+audience-change sensor pushes; each sensor evaluated as the daemon evaluates it, each run it
+requests executed as requested. Bursts of events coalesce into one refresh per tenant."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+
+import dagster as dg
+import psycopg
+import pytest
+from support import HISTORY_START, register, sync, vtex_for
+
+from cdp_assets.activation.destinations import Destination, add_audience, add_destination
+from cdp_assets.activation.triggers import activation_push, audience_changes_sensor
+from cdp_assets.analytics.feed_changes import feed_changes_sensor
+from cdp_assets.analytics.jobs import CHANGES_JOB
+from cdp_assets.bench.freshness import at_platform
+from cdp_assets.definitions import defs
+from cdp_assets.lib.environ import temporary_environment
+from cdp_assets.lib.warehouse import WarehouseResource
+from cdp_assets.meta.assets import meta_custom_audiences
+from cdp_assets.partitions import RANGE_END_TAG, RANGE_START_TAG, tenants
+from cdp_assets.sandbox import MetaSandbox, SandboxProcess, StoreSpec
+from cdp_assets.vtex.feed import FeedSettings, turn_feed_on
+from cdp_assets.vtex.feed_defs import (
+    FEED_SYNC_JOB,
+    TENANTS_LANDED,
+    vtex_orders_feed,
+    vtex_orders_feed_sensor,
+)
+
+STORES = {
+    "chain_a": StoreSpec(
+        account="chaina",
+        seed=71,
+        customers=300,
+        orders=1500,
+        products=20,
+        history_start=HISTORY_START,
+    ),
+    "chain_b": StoreSpec(
+        account="chainb",
+        seed=72,
+        customers=200,
+        orders=800,
+        products=15,
+        history_start=HISTORY_START,
+    ),
+}
+AUDIENCE = "audience_new_customers"
+META_TOKEN_REF, META_TOKEN, META_ACCOUNT = "CHAIN_META_TOKEN", "chain-meta-token", "4242"
+
+
+def tick(sensor: dg.SensorDefinition, instance: dg.DagsterInstance, cursor: str | None = None):
+    """One evaluation of `sensor`, as the daemon's tick makes it: (run requests, cursor)."""
+    resources = {"warehouse": WarehouseResource()}
+    with dg.build_sensor_context(instance, cursor=cursor, resources=resources) as context:
+        result = sensor(context)
+    if isinstance(result, dg.SkipReason):
+        return [], cursor
+    if isinstance(result, dg.SensorResult):
+        return list(result.run_requests or []), result.cursor
+    return list(result), cursor
+
+
+def execute(instance: dg.DagsterInstance, job_name: str, request: dg.RunRequest) -> None:
+    """The run a request launches, executed in this process."""
+    result = defs.resolve_job_def(job_name).execute_in_process(
+        instance=instance,
+        partition_key=request.partition_key,
+        tags=request.tags,
+        asset_selection=request.asset_selection,
+        raise_on_error=False,
+    )
+    assert result.success, f"{job_name} {request.tags} failed"
+
+
+def covered(request: dg.RunRequest, order: list[str]) -> set[str]:
+    """The tenants a request covers: its partition or its range in `order`."""
+    if request.partition_key:
+        return {request.partition_key}
+    first, last = request.tags[RANGE_START_TAG], request.tags[RANGE_END_TAG]
+    return set(order[order.index(first) : order.index(last) + 1])
+
+
+def requested_tenants(requests: list[dg.RunRequest], order: list[str]) -> list[set[str]]:
+    """This file's tenants each request covers: the instance holds other files' tenants too."""
+    return [
+        covered(request, order) & set(STORES)
+        for request in requests
+        if covered(request, order) & set(STORES)
+    ]
+
+
+def members(conn: psycopg.Connection, tenant_id: str) -> set[str]:
+    rows = conn.execute(
+        f"SELECT customer_key FROM audiences.{AUDIENCE} WHERE tenant_id = %s", (tenant_id,)
+    )
+    return {key for (key,) in rows}
+
+
+def reachable(conn: psycopg.Connection, tenant_id: str) -> set[str]:
+    """The members Meta can match: with an e-mail or a phone."""
+    rows = conn.execute(
+        f"SELECT a.customer_key FROM audiences.{AUDIENCE} a JOIN marts.customers c"
+        " USING (tenant_id, customer_key)"
+        " WHERE a.tenant_id = %s AND (c.email IS NOT NULL OR c.phone_e164 IS NOT NULL)",
+        (tenant_id,),
+    )
+    return {key for (key,) in rows}
+
+
+def order_customers(conn: psycopg.Connection, tenant_id: str, order_ids: list[str]) -> set[str]:
+    rows = conn.execute(
+        "SELECT customer_key FROM intermediate.int_orders__purchases"
+        " WHERE tenant_id = %s AND order_id = ANY(%s)",
+        (tenant_id, order_ids),
+    )
+    return {key for (key,) in rows}
+
+
+@pytest.fixture(scope="module")
+def chain(warehouse_url, instance):
+    """Two stores synced, analysed and their audiences built, the feed on for both; a Meta
+    destination of chain_a's new customers, pushed once."""
+    with (
+        SandboxProcess(list(STORES.values())) as sandbox,
+        MetaSandbox({META_TOKEN: [META_ACCOUNT]}) as meta,
+        psycopg.connect(warehouse_url) as conn,
+        temporary_environment(
+            {
+                "VTEX_BASE_URL_TEMPLATE": sandbox.base_url + "/{account}",
+                "VTEX_REQUESTS_PER_SECOND": "5000",
+                "META_GRAPH_URL": meta.graph_url,
+                META_TOKEN_REF: META_TOKEN,
+            }
+        ),
+    ):
+        for tenant_id, spec in STORES.items():
+            tenant = register(conn, tenant_id, spec.account)
+            sync(instance, sandbox, tenant_id)
+            turn_feed_on(conn, vtex_for(sandbox).client_for(tenant), tenant_id, FeedSettings())
+            conn.commit()
+        both = dg.RunRequest(tags={RANGE_START_TAG: "chain_a", RANGE_END_TAG: "chain_b"})
+        execute(instance, CHANGES_JOB, both)
+        add_destination(
+            conn,
+            Destination(
+                "chain_a_meta",
+                "chain_a",
+                "meta",
+                META_ACCOUNT,
+                credential_refs={"access_token": META_TOKEN_REF},
+                min_audience_size=1,
+            ),
+        )
+        add_audience(conn, "chain_a_meta", AUDIENCE)
+        conn.commit()
+        execute(
+            instance,
+            activation_push.name,
+            dg.RunRequest(partition_key="chain_a", asset_selection=[meta_custom_audiences.key]),
+        )
+        yield sandbox, meta, conn
+
+
+def meta_members(meta: MetaSandbox) -> set[str]:
+    (audience,) = meta.audiences(META_ACCOUNT)
+    return {row["EXTERN_ID"] for row in meta.members(audience["id"])}
+
+
+def test_an_order_event_reaches_the_audience_and_meta_through_the_chain(chain, instance):
+    sandbox, meta, conn = chain
+    order = instance.get_dynamic_partitions(tenants.name)
+    before = members(conn, "chain_a")
+    assert meta_members(meta) == reachable(conn, "chain_a")  # the initial push
+    b_before = members(conn, "chain_b")
+    placed = sandbox.mutate("chaina", seed=5, changed=0, new=40, at=datetime.now(UTC))
+
+    drains, _ = tick(vtex_orders_feed_sensor, instance)
+    # Both feeds are due (never drained): neighbours, one run.
+    assert requested_tenants(drains, order) == [{"chain_a", "chain_b"}]
+    (ours,) = [r for r in drains if covered(r, order) & set(STORES)]
+    execute(instance, FEED_SYNC_JOB, ours)
+    (landed,) = conn.execute(
+        "SELECT count(*) FROM raw_vtex.orders WHERE tenant_id = 'chain_a' AND order_id = ANY(%s)",
+        (placed,),
+    ).fetchone()
+    assert landed == len(placed)
+
+    refreshes, _ = tick(feed_changes_sensor, instance)
+    # chain_b's feed was drained too, but landed nothing: no refresh of it.
+    assert requested_tenants(refreshes, order) == [{"chain_a"}]
+    execute(instance, CHANGES_JOB, refreshes[0])
+    joined = members(conn, "chain_a") - before
+    buyers = order_customers(conn, "chain_a", placed)
+    # New guests' first purchases: new customers of the audience, all of them from the orders.
+    assert joined and joined <= buyers
+    assert members(conn, "chain_b") == b_before
+
+    pushes, _ = tick(audience_changes_sensor, instance)
+    (push,) = [p for p in pushes if p.partition_key == "chain_a"]
+    execute(instance, activation_push.name, push)
+    assert meta_members(meta) == reachable(conn, "chain_a")
+    assert joined & reachable(conn, "chain_a") <= meta_members(meta)
+    assert joined & meta_members(meta)
+    # Pushed: nothing left to request.
+    again, _ = tick(audience_changes_sensor, instance)
+    assert "chain_a" not in {p.partition_key for p in again}
+
+
+def drained(instance: dg.DagsterInstance, tenant_id: str, rows_inserted: int) -> None:
+    """A feed drain's materialization as its run records it (what the sensor reads)."""
+    landed = [tenant_id] if rows_inserted else []
+    instance.report_runless_asset_event(
+        dg.AssetMaterialization(
+            vtex_orders_feed.key,
+            partition=tenant_id,
+            metadata={"rows_inserted": rows_inserted, TENANTS_LANDED: landed},
+        )
+    )
+
+
+def refresh_run(instance: dg.DagsterInstance, tenant_id: str, status: dg.DagsterRunStatus) -> str:
+    """A refresh of the tenant in the run storage, not started yet (created, waiting for its
+    launch) or started."""
+    run_id = str(uuid.uuid4())
+    instance.add_run(
+        dg.DagsterRun(
+            job_name=CHANGES_JOB,
+            run_id=run_id,
+            status=status,
+            tags={"dagster/partition": tenant_id},
+        )
+    )
+    return run_id
+
+
+def test_a_burst_of_events_is_one_refresh_per_tenant(chain, instance):
+    order = instance.get_dynamic_partitions(tenants.name)
+    _, cursor = tick(feed_changes_sensor, instance)  # what earlier tests landed is read
+    for _ in range(5):
+        drained(instance, "chain_a", 3)
+        drained(instance, "chain_b", 2)
+    drained(instance, "chain_b", 0)
+    requests, cursor = tick(feed_changes_sensor, instance, cursor)
+    # Neighbours: one run for both tenants, one for all their drains.
+    assert requested_tenants(requests, order) == [{"chain_a", "chain_b"}]
+    assert tick(feed_changes_sensor, instance, cursor)[0] == []  # handled
+
+    # A queued refresh absorbs new landings: it reads them when it starts.
+    queued = refresh_run(instance, "chain_a", dg.DagsterRunStatus.NOT_STARTED)
+    drained(instance, "chain_a", 1)
+    requests, cursor = tick(feed_changes_sensor, instance, cursor)
+    assert requests == []
+    instance.delete_run(queued)
+
+    # A running one may have read its orders already: one more once it ends, not before.
+    running = refresh_run(instance, "chain_b", dg.DagsterRunStatus.STARTED)
+    drained(instance, "chain_b", 4)
+    drained(instance, "chain_b", 1)
+    requests, cursor = tick(feed_changes_sensor, instance, cursor)
+    assert requests == []
+    requests, cursor = tick(feed_changes_sensor, instance, cursor)
+    assert requests == []
+    instance.delete_run(running)
+    requests, cursor = tick(feed_changes_sensor, instance, cursor)
+    assert requested_tenants(requests, order) == [{"chain_b"}]
+    assert tick(feed_changes_sensor, instance, cursor)[0] == []
+
+
+def test_a_push_queued_or_running_absorbs_further_audience_changes(chain, instance):
+    _, _, conn = chain
+    conn.execute(
+        f"DELETE FROM audiences.{AUDIENCE} WHERE tenant_id = 'chain_a'"
+        f" AND customer_key = (SELECT min(customer_key) FROM audiences.{AUDIENCE}"
+        "  WHERE tenant_id = 'chain_a')"
+    )
+    conn.commit()
+    pushes, _ = tick(audience_changes_sensor, instance)
+    assert "chain_a" in {p.partition_key for p in pushes}
+    for status in (dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTED):
+        run_id = str(uuid.uuid4())
+        instance.add_run(
+            dg.DagsterRun(
+                job_name=activation_push.name,
+                run_id=run_id,
+                status=status,
+                tags={"dagster/partition": "chain_a"},
+                asset_selection=frozenset([meta_custom_audiences.key]),
+            )
+        )
+        pushes, _ = tick(audience_changes_sensor, instance)
+        assert "chain_a" not in {p.partition_key for p in pushes}, status
+        instance.delete_run(run_id)
+    pushes, _ = tick(audience_changes_sensor, instance)
+    assert "chain_a" in {p.partition_key for p in pushes}
+
+
+def test_the_benchmark_credits_each_change_to_the_first_push_after_its_refresh():
+    refreshes = [(10.0, 20.0), (30.0, 40.0)]  # (run start, audiences refreshed)
+    pushes = [(21.0, 25.0), (41.0, 45.0)]
+    assert at_platform(refreshes, pushes, 5.0, push_pending=False) == (20.0, 25.0)
+    # Landed after the first refresh started: the next one read it.
+    assert at_platform(refreshes, pushes, 15.0, push_pending=False) == (40.0, 45.0)
+    assert at_platform(refreshes, pushes, 35.0, push_pending=False) == (None, None)
+    # No push after the last refresh: at the platform with it, unless a push is still due.
+    assert at_platform(refreshes, [], 15.0, push_pending=False) == (40.0, 40.0)
+    assert at_platform(refreshes, [], 15.0, push_pending=True) == (40.0, None)
+    # Nothing pushed before the next refresh: the first changed nothing Meta holds.
+    assert at_platform(refreshes, [(41.0, 45.0)], 5.0, push_pending=False) == (20.0, 20.0)
