@@ -88,7 +88,7 @@ def test_sandbox_rate_and_run_breakdown_are_reported(small):
     )
     # The weekly churn holdout runs after the first build, timed apart; the daily increment
     # does not run it.
-    holdout = {"dbt_holdout_summary", "holdout_predictions", "dbt_churn_holdout"}
+    holdout = {"dbt_holdout_summary", "holdout_predictions", "dbt_churn_holdout", "clv_scorecard"}
     assert holdout == set(stages["analytics"]["churn_holdout"]["step_seconds"])
     assert stages["analytics"]["churn_holdout"]["seconds"] > 0
     assert not holdout & set(stages["analytics"]["step_seconds"])
@@ -197,7 +197,10 @@ def test_activation_pushes_then_resyncs_unchanged(small):
 
 def test_targets_are_judged_and_seed_targets_marked_not_applicable(small):
     targets = {row["target"]: row for row in small[0]["targets"]}
-    assert len(targets) == 8
+    assert len(targets) == 9
+    # The freshness stage runs at seed only.
+    freshness = targets["Order event to the Meta audience, p95 (freshness)"]
+    assert not freshness["applies"] and freshness["met"] is None
     assert not targets["Daily increment end to end"]["applies"]
     assert targets["Daily increment end to end"]["met"] is None
     assert targets["Write path vs plain COPY"]["met"] in (True, False)

@@ -399,7 +399,7 @@ GROUPS = (
 # Drawn open, each asset with its owner; the other groups as one box each. A window wide
 # enough for the UI to draw the assets' details (it draws bare boxes when zoomed out further).
 EXPANDED_GROUPS = ("tenants", "vtex", "marts", "activation", "operations")
-GRAPH_WINDOW = (2200, 1500)
+GRAPH_WINDOW = (2800, 1800)
 OWNERS = ("data-engineering", "analytics", "marketing-ops")  # the teams, as the UI shows them
 SOME_ASSETS = (
     "vtex_orders",

@@ -17,8 +17,10 @@ import psycopg
 CLV_GATE_PARAM = "requires_clv_quality"
 
 
-def requires_clv_quality(params: dict[str, Any]) -> bool:
-    return params.get(CLV_GATE_PARAM) is True
+def requires_clv_quality(params: Any) -> bool:
+    """Whether the audience's params ask for the gate; params of another shape (a rule written
+    by hand in the table) ask for nothing here, and are refused where they are read."""
+    return isinstance(params, dict) and params.get(CLV_GATE_PARAM) is True
 
 
 def clv_gate_refusals(conn: psycopg.Connection, tenant_ids: Iterable[str]) -> dict[str, str]:

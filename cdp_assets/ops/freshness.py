@@ -29,9 +29,13 @@ FRESHNESS: dict[str, timedelta] = {
     "dbt_holdout_summary": WEEKLY,
     "holdout_predictions": WEEKLY,
     "dbt_churn_holdout": WEEKLY,
+    "clv_scorecard": WEEKLY,
+    # Refreshed after each change of the tenant's marts, and every 48 hours in any case.
+    "dbt_audiences": ACTIVATION,
     "meta_custom_audiences": ACTIVATION,
     "google_customer_match": ACTIVATION,
     "vtex_product_collections": ACTIVATION,
+    "vtex_masterdata_fields": ACTIVATION,
 }
 
 # Platform-wide assets (not partitioned): `cdp status --check` and the health endpoint judge

@@ -1,5 +1,6 @@
 """VTEX documents landed raw in Postgres, one partition per tenant (orders: per month too)."""
 
+import functools
 from collections import defaultdict
 from datetime import UTC, date, datetime, timedelta
 
@@ -311,9 +312,12 @@ def vtex_customers(
     return dg.MaterializeResult(metadata={**landing.metadata(), "incremental": since is not None})
 
 
-@dg.asset(
+# What the store is written from, as the ad platforms' pushes: the audiences and marts of the
+# tenants of the run (one run may cover many tenants, the triggers group them: see
+# activation/triggers.py), within the account's share of the VTEX API.
+vtex_destination_asset = functools.partial(
+    dg.asset,
     partitions_def=tenants,
-    # One run may cover many tenants (the triggers group them): see activation/triggers.py.
     backfill_policy=dg.BackfillPolicy.single_run(),
     deps=[dbt_audiences, dbt_tenant_models],
     group_name="activation",
@@ -322,6 +326,9 @@ def vtex_customers(
     retry_policy=ACTIVATION_RETRY,
     metadata={"dagster/table_name": "cdp.activation_runs"},
 )
+
+
+@vtex_destination_asset()
 def vtex_product_collections(
     context: dg.AssetExecutionContext,
     config: ActivationConfig,
@@ -355,16 +362,7 @@ def vtex_product_collections(
     )
 
 
-@dg.asset(
-    partitions_def=tenants,
-    backfill_policy=dg.BackfillPolicy.single_run(),
-    deps=[dbt_audiences, dbt_tenant_models],
-    group_name="activation",
-    kinds={"vtex", "python"},
-    pool=VTEX_API_POOL,
-    retry_policy=ACTIVATION_RETRY,
-    metadata={"dagster/table_name": "cdp.activation_runs"},
-)
+@vtex_destination_asset()
 def vtex_masterdata_fields(
     context: dg.AssetExecutionContext,
     config: ActivationConfig,
