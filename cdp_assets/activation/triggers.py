@@ -142,9 +142,9 @@ def change_requests(
     minimum_interval_seconds=60,
     default_status=dg.DefaultSensorStatus.RUNNING,
     description="Every minute, pushes the audiences whose membership changed since their last"
-    " sync: one run per destination asset (Meta, Google, VTEX collections) and block of"
-    " neighbouring tenants with a change on its platforms, none for a tenant whose push to"
-    " that asset is queued or running. The same change never launches twice.",
+    " sync: one run per destination asset (Meta, Google, VTEX collections and Master Data) and"
+    " block of neighbouring tenants with a change on its platforms, none for a tenant whose"
+    " push to that asset is queued or running. The same change never launches twice.",
 )
 def audience_changes_sensor(
     context: dg.SensorEvaluationContext, warehouse: WarehouseResource

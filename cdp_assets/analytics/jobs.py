@@ -22,44 +22,47 @@ CHANGES_JOB = "tenant_changes_refresh"
 AUDIENCES_JOB = "audiences_refresh"
 CHURN_HOLDOUT_JOB = "churn_holdout_refresh"
 
-analytics_tenant_refresh = dg.define_asset_job(
+
+def _tenant_job(
+    name: str, assets: Sequence[dg.AssetsDefinition], description: str, bound: str | None = None
+):
+    """A job over tenant-partitioned analytics assets, one run for one tenant or a range, bounded
+    in time as its kind (`bound`: the job whose bound it shares, itself by default)."""
+    return dg.define_asset_job(
+        name,
+        selection=dg.AssetSelection.assets(*assets),
+        partitions_def=tenants,
+        description=description,
+        tags=run_bound(bound or name),
+    )
+
+
+analytics_tenant_refresh = _tenant_job(
     ANALYTICS_JOB,
-    selection=dg.AssetSelection.assets(dbt_tenant_models, customer_predictions, dbt_tenant_scoring),
-    partitions_def=tenants,
-    description="Tenants' dbt models, CLV fits and churn risk (one run for many).",
-    tags=run_bound(ANALYTICS_JOB),
+    [dbt_tenant_models, customer_predictions, dbt_tenant_scoring],
+    "Tenants' dbt models, CLV fits and churn risk (one run for many).",
 )
 # The chain's step after a feed drain landed orders: the tenants' analytics and audiences in
 # one run, so that the audiences follow their marts without another tick and run launch.
-tenant_changes_refresh = dg.define_asset_job(
+tenant_changes_refresh = _tenant_job(
     CHANGES_JOB,
-    selection=dg.AssetSelection.assets(
-        dbt_tenant_models, customer_predictions, dbt_tenant_scoring, dbt_audiences
-    ),
-    partitions_def=tenants,
-    description="Tenants whose orders changed (the orders feed landed some): their dbt models,"
-    " CLV fits, churn risk and audiences (one run for many).",
-    tags=run_bound(ANALYTICS_JOB),
+    [dbt_tenant_models, customer_predictions, dbt_tenant_scoring, dbt_audiences],
+    "Tenants whose orders changed (the orders feed landed some): their dbt models, CLV fits,"
+    " churn risk and audiences (one run for many).",
+    bound=ANALYTICS_JOB,
 )
-churn_holdout_refresh = dg.define_asset_job(
+churn_holdout_refresh = _tenant_job(
     CHURN_HOLDOUT_JOB,
-    selection=dg.AssetSelection.assets(
-        dbt_holdout_summary, holdout_predictions, dbt_churn_holdout, clv_scorecard
-    ),
-    partitions_def=tenants,
-    description="Tenants' churn holdout: the bands as of 180 days ago against who bought again"
-    " since, and the CLV scorecard on the same days (one run for many).",
-    tags=run_bound(CHURN_HOLDOUT_JOB),
+    [dbt_holdout_summary, holdout_predictions, dbt_churn_holdout, clv_scorecard],
+    "Tenants' churn holdout: the bands as of 180 days ago against who bought again since, and"
+    " the CLV scorecard on the same days (one run for many).",
 )
-audiences_refresh = dg.define_asset_job(
+audiences_refresh = _tenant_job(
     AUDIENCES_JOB,
-    selection=dg.AssetSelection.assets(dbt_audiences),
-    partitions_def=tenants,
-    description="Tenants' rows of every audience, replaced from their marts (one run for many);"
-    " other tenants' rows untouched.",
-    tags=run_bound(AUDIENCES_JOB),
+    [dbt_audiences],
+    "Tenants' rows of every audience, replaced from their marts (one run for many); other"
+    " tenants' rows untouched.",
 )
-
 
 QUEUED = (dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED)
 STARTED = (dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED)
