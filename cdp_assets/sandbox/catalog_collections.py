@@ -2,7 +2,10 @@
 
 Writes are the only state the client changes in the sandbox; they never touch the generated store.
 
-As VTEX's Catalog API has it (its OpenAPI spec, ``catalog-api.json``, and its known issues):
+As VTEX's Catalog API has it: its OpenAPI spec (``catalog-api.json``,
+https://developers.vtex.com/docs/api-reference/catalog-api) and its Catalog known issues
+(https://github.com/vtexdocs/known-issues, docs/en/known-issues/: deadlocks when adding SKUs to
+a subcollection in quick succession, removed products kept until reindexed):
 - creating a collection requires every field of the spec's ``required`` list (Name,
   Description, Searchable, Highlight, DateFrom, DateTo, TotalProducts, Type), a subcollection
   CollectionId, Name, Type, PreSale and Release: a body missing one is refused (400);
