@@ -41,6 +41,9 @@ INSERTS = {
     " %(at)s FROM cdp.activation_runs WHERE reason = 'recent'",
     "sync_errors": "INSERT INTO cdp.sync_errors (run_id, tenant_id, job_name, error_type, message,"
     " occurred_at) VALUES (%(mark)s, 'maint', 'job', 'Failure', 'failed', %(at)s)",
+    "destination_requests": "INSERT INTO cdp.destination_requests (destination_id, audience,"
+    " platform_request_id, operation, status, sent_at, settled_at) VALUES ('maint_dest',"
+    " 'maint_audience', %(mark)s, 'add', 'confirmed', %(at)s, %(at)s)",
     "metric_states": "INSERT INTO cdp.ops_metric_states (metric, subject, severity, changed_at,"
     " evaluated_at) VALUES ('maint', %(mark)s, 'ok', %(at)s, %(at)s)",
 }
@@ -51,6 +54,7 @@ MARK_COLUMN = {
     "activation_runs": "audience",
     "activation_rejects": "member_key",
     "sync_errors": "run_id",
+    "destination_requests": "platform_request_id",
     "metric_states": "subject",
 }
 
@@ -70,6 +74,24 @@ def _marks(conn: psycopg.Connection, name: str) -> set[str]:
 def aged_rows(conn: psycopg.Connection) -> dict[str, tuple[str, str]]:
     """Per kind: (mark of a row a day past its retention, mark of one a day short of it)."""
     now = datetime.now(UTC)
+    conn.execute(
+        "INSERT INTO cdp.tenants (tenant_id, account_name, app_key_ref, app_token_ref)"
+        " VALUES ('maint', 'maint', 'MAINT_KEY', 'MAINT_TOKEN') ON CONFLICT DO NOTHING"
+    )
+    conn.execute(
+        "INSERT INTO cdp.destinations (destination_id, tenant_id, platform, account_id)"
+        " VALUES ('maint_dest', 'maint', 'meta', '77') ON CONFLICT DO NOTHING"
+    )
+    conn.execute(
+        "INSERT INTO cdp.destination_audiences (destination_id, audience)"
+        " VALUES ('maint_dest', 'maint_audience') ON CONFLICT DO NOTHING"
+    )
+    # A request still awaiting its verdict, sent long before any retention: it stays.
+    conn.execute(
+        "INSERT INTO cdp.destination_requests (destination_id, audience, platform_request_id,"
+        " operation, sent_at) VALUES ('maint_dest', 'maint_audience', 'maint-pending', 'add',"
+        " now() - interval '3 years')"
+    )
     conn.execute(
         "INSERT INTO cdp.activation_runs (destination_id, audience, tenant_id, platform,"
         " mode, dry_run, status, reason, finished_at) VALUES ('maint_dest', 'anchor',"
@@ -96,6 +118,7 @@ def test_maintenance_removes_only_rows_past_their_retention_and_is_idempotent(
         assert old not in left, name
         assert young in left, name
         assert pruned[name] >= 1, name
+    assert "maint-pending" in _marks(conn, "destination_requests")
     again = {p.name: p.rows for p in run_maintenance(conn, None)}
     assert again == dict.fromkeys(again, 0)
 

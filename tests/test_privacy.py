@@ -660,6 +660,12 @@ def synthetic() -> Iterator[str]:
 
 
 def _sent_keys(conn: psycopg.Connection, policy: str) -> set[str]:
+    return _sent_and_excluded(conn, policy)[0]
+
+
+def _sent_and_excluded(conn: psycopg.Connection, policy: str) -> tuple[set[str], tuple[int, int]]:
+    """The members a destination of `policy` is sent, and how many the sync reports left out
+    as (suppressed, without consent)."""
     register_destination(
         conn,
         Destination(
@@ -677,7 +683,9 @@ def _sent_keys(conn: psycopg.Connection, policy: str) -> set[str]:
         if t.destination.destination_id == f"consent_{policy}"
     ]
     source = audience_members(conn, target, "BR", meta_row)
-    return {key for key, _, _ in source.fresh()}
+    assert source.excluded is not None
+    excluded = conn.execute(source.excluded, source.params).fetchone()
+    return {key for key, _, _ in source.fresh()}, excluded
 
 
 @pytest.mark.parametrize(
@@ -701,7 +709,9 @@ def test_a_destination_receives_exactly_the_members_its_consent_policy_allows(
         )
         expected = {key for key, opt_in in choices.items() if consented(opt_in)}
         assert 0 < len(expected) <= len(choices)
-        assert _sent_keys(conn, policy) == expected
+        sent, (suppressed, without_consent) = _sent_and_excluded(conn, policy)
+    assert sent == expected
+    assert (suppressed, without_consent) == (0, len(choices) - len(expected))
 
 
 def test_consent_policies_are_listed_per_destination(synthetic: str) -> None:
@@ -745,7 +755,13 @@ def test_suppressed_people_are_not_sent_and_unsuppressed_ones_are_again(syntheti
         assert by_email.exit_code == 0 and by_phone.exit_code == 0, (
             by_email.output + by_phone.output
         )
-        assert _sent_keys(conn, "none") == everyone - {f"{TENANT}-3", f"{TENANT}-4"}
+        assert _sent_and_excluded(conn, "none") == (
+            everyone - {f"{TENANT}-3", f"{TENANT}-4"},
+            (2, 0),
+        )
+        # A suppressed member without consent is counted once, as suppressed.
+        opted_in = _sent_and_excluded(conn, "newsletter_opt_in")[1]
+        assert opted_in[0] == 2
 
         lifted = runner.invoke(
             main,

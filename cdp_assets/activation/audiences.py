@@ -81,6 +81,12 @@ def audience_members(
     `conn` is the caller's connection for reading members (not the one writing the sync
     state): each audience reads in a transaction of its own on it, ended even when the
     reader stops early, so one connection serves every audience of a run step."""
+    suppressed = sql.SQL(
+        """EXISTS (SELECT FROM cdp.privacy_suppressions s
+                   WHERE s.tenant_id = a.tenant_id
+                     AND s.identifier_sha256 IN (c.email_sha256, c.phone_sha256,
+                         encode(sha256(convert_to(c.document, 'UTF8')), 'hex')))"""
+    )
     members = sql.SQL(
         """
         WITH members AS (
@@ -89,16 +95,32 @@ def audience_members(
                            c.first_name, c.last_name, c.country)::text) AS source_fingerprint
             FROM audiences.{audience} a
             JOIN marts.customers c USING (tenant_id, customer_key)
-            WHERE a.tenant_id = %(tenant_id)s AND {consented}
-              AND NOT EXISTS (SELECT FROM cdp.privacy_suppressions s
-                              WHERE s.tenant_id = a.tenant_id
-                                AND s.identifier_sha256 IN (c.email_sha256, c.phone_sha256,
-                                    encode(sha256(convert_to(c.document, 'UTF8')), 'hex')))
+            WHERE a.tenant_id = %(tenant_id)s AND {consented} AND NOT {suppressed}
         )
         """
     ).format(
         audience=sql.Identifier(target.audience),
         consented=CONSENTED[target.destination.consent_policy],
+        suppressed=suppressed,
+    )
+    # Each member left out counted once, a suppression first. Without a consent policy and
+    # without a suppression in the tenant, the scan is skipped (a one-time filter).
+    excluded = sql.SQL(
+        """
+        SELECT count(*) FILTER (WHERE suppressed),
+               count(*) FILTER (WHERE NOT suppressed AND NOT consented)
+        FROM (SELECT {suppressed} AS suppressed, {consented} AS consented
+              FROM audiences.{audience} a
+              JOIN marts.customers c USING (tenant_id, customer_key)
+              WHERE a.tenant_id = %(tenant_id)s
+                AND ({policy_applies} OR EXISTS (SELECT FROM cdp.privacy_suppressions
+                                                 WHERE tenant_id = %(tenant_id)s))) member
+        """
+    ).format(
+        suppressed=suppressed,
+        consented=CONSENTED[target.destination.consent_policy],
+        audience=sql.Identifier(target.audience),
+        policy_applies=sql.Literal(target.destination.consent_policy != "none"),
     )
     confirmed_match = sql.SQL(
         """
@@ -132,7 +154,7 @@ def audience_members(
             for *contact, source_fingerprint in cursor.stream(fresh, params, size=10_000):
                 yield contact[0], source_fingerprint, build_row(Contact(*contact), default_country)
 
-    return MemberSource(fresh_members, confirmed, params)
+    return MemberSource(fresh_members, confirmed, params, excluded)
 
 
 def audience_signatures(

@@ -72,6 +72,8 @@ OUTCOME_COLUMNS = [
     dg.TableColumn("reason", "string"),
     dg.TableColumn("desired", "int"),
     dg.TableColumn("unmatchable", "int"),
+    dg.TableColumn("suppressed", "int"),
+    dg.TableColumn("consent_excluded", "int"),
     dg.TableColumn("added", "int"),
     dg.TableColumn("removed", "int"),
     dg.TableColumn("unchanged", "int"),
@@ -81,8 +83,19 @@ OUTCOME_COLUMNS = [
     dg.TableColumn("seconds", "float"),
     dg.TableColumn("match_info", "string"),
 ]
-# pending: members sent that await the platform's verdict (not confirmed yet).
-TOTALS = ("desired", "added", "removed", "unchanged", "rejected", "pending", "requests")
+# pending: members sent that await the platform's verdict (not confirmed yet); suppressed and
+# consent_excluded: audience members left out by a privacy request or the consent policy.
+TOTALS = (
+    "desired",
+    "added",
+    "removed",
+    "unchanged",
+    "rejected",
+    "pending",
+    "requests",
+    "suppressed",
+    "consent_excluded",
+)
 STATUSES = ("synced", "dry_run", "skipped", "refused", "failed")
 TENANT_COLUMNS = [
     dg.TableColumn("tenant_id", "string"),

@@ -159,6 +159,10 @@ class SyncOutcome:
     reason: str | None = None
     desired: int = 0
     unmatchable: int = 0
+    # Audience members left out: suppressed by a privacy request, or without the consent the
+    # destination's policy requires.
+    suppressed: int = 0
+    consent_excluded: int = 0
     added: int = 0
     removed: int = 0
     unchanged: int = 0
@@ -201,12 +205,14 @@ class MemberSource:
     of the members the destination confirmed whose unhashed inputs are unchanged (their
     source fingerprint is the confirmed one), as (member_key, fingerprint,
     source_fingerprint, identifiers): their confirmed row stays as it is, and a re-sync
-    neither hashes nor copies them.
+    neither hashes nor copies them. `excluded` (optional): a query, run the same way, of how
+    many of the audience's members are left out as (suppressed, without consent).
     """
 
     fresh: Callable[[], Iterator[tuple[str, str, Row]]]
     confirmed: sql.Composable | None = None
     params: dict[str, Any] = field(default_factory=dict)
+    excluded: sql.Composable | None = None
 
 
 # Working tables are emptied by DELETE up to this size together, truncated past it. A
@@ -584,6 +590,9 @@ def _sync(
     if asynchronous and target.platform_audience_id and not dry_run:
         _settle(conn, key, run, platform, outcome)
     loaded, outcome.unmatchable = _load_fresh(conn, members, platform)
+    if members.excluded is not None:
+        row = conn.execute(members.excluded, members.params).fetchone()
+        outcome.suppressed, outcome.consent_excluded = row if row else (0, 0)
     if options.full_replace:
         loaded += _load_confirmed(conn, members)
     if loaded >= ANALYZE_FROM_ROWS:

@@ -51,6 +51,8 @@ RETENTIONS = (
         " WHERE status = 'synced' GROUP BY destination_id, audience)",
     ),
     Retention("activation_rejects", "cdp.activation_rejects", "rejected_at", 90),
+    # A request awaiting the platform's verdict has no settled_at: it stays whatever its age.
+    Retention("destination_requests", "cdp.destination_requests", "settled_at", 90),
     Retention("sync_errors", "cdp.sync_errors", "occurred_at", 180),
     Retention("metric_states", "cdp.ops_metric_states", "evaluated_at", 90),
 )
