@@ -15,6 +15,7 @@ import click
 import psycopg
 
 from cdp_assets.activation.cli import destinations
+from cdp_assets.lib import settings
 from cdp_assets.lib.database import DatabaseUrlError
 from cdp_assets.lib.redaction import redact
 from cdp_assets.lib.warehouse import migrated_url
@@ -553,7 +554,7 @@ def db_up() -> None:
     its URL. Nothing to do when DATABASE_URL names a server."""
     from cdp_assets.lib.database import keep_embedded_server_up
 
-    if os.environ.get("DATABASE_URL"):
+    if settings.value("DATABASE_URL"):
         click.echo("DATABASE_URL names the server: nothing to keep up (`cdp db url` prints it)")
         return
     click.echo(keep_embedded_server_up())
@@ -579,7 +580,7 @@ def db_url() -> None:
     DATABASE_URL, or the embedded server's (a Unix socket) while `cdp db up` keeps it up."""
     from cdp_assets.lib.database import database_url, embedded_server_kept_up
 
-    if not (os.environ.get("DATABASE_URL") or embedded_server_kept_up()):
+    if not (settings.value("DATABASE_URL") or embedded_server_kept_up()):
         raise click.ClickException(
             "the embedded server stops with the last command using it: `cdp db up` keeps it"
             " running, then `cdp db url` prints its URL"

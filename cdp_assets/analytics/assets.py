@@ -19,6 +19,7 @@ from cdp_assets.analytics.dbt_project import (
     refresh_exposures,
     tenant_translator,
 )
+from cdp_assets.lib import settings
 from cdp_assets.lib.dagster_home import DBT_POOL
 from cdp_assets.lib.environ import temporary_environment
 from cdp_assets.lib.warehouse import WarehouseResource, migrated_url
@@ -50,7 +51,7 @@ AUDIENCE_MODELS = "path:models/audiences,resource_type:model"
 def as_of_day(started: datetime | None = None) -> str:
     """`CDP_AS_OF` if set, to rebuild the analytics as of a past day or keep a series of
     runs on one day across midnight; otherwise the day (UTC) `started`, or today."""
-    pinned = os.environ.get(AS_OF_ENV, "").strip()
+    pinned = settings.value(AS_OF_ENV)
     if not pinned:
         return (started or datetime.now(UTC)).astimezone(UTC).date().isoformat()
     try:
@@ -109,7 +110,7 @@ def _run_dbt(
     # event log holds each node's result. DBT_WRITE_JSON=true in the environment writes them.
     run_environment = {
         RUN_VARS_ENV: dbt_vars(tenant_ids, refresh_started(context)),
-        WRITE_JSON_ENV: os.environ.get(WRITE_JSON_ENV, "false"),
+        WRITE_JSON_ENV: settings.required(WRITE_JSON_ENV),
     }
     with temporary_environment(run_environment):
         invocation = dbt.forked_cli(args, context=context)  # the dbt command starts here

@@ -36,6 +36,7 @@ from packaging.version import Version
 
 from cdp_assets.analytics.automation import ANALYTICS_AUTOMATION
 from cdp_assets.analytics.dbt_fork import ForkedDbt
+from cdp_assets.lib import settings
 from cdp_assets.lib.environ import temporary_environment
 from cdp_assets.partitions import tenants
 
@@ -159,7 +160,7 @@ def ensure_manifest() -> Path:
             os.environ.setdefault("DO_NOT_TRACK", "1")
             parse_target = dbt_project.target_path / f"parse-{uuid.uuid4().hex}"
             parsed = DBT_PROJECT_DIR / parse_target
-            url = os.environ.get("DATABASE_URL") or UNCONNECTED_URL
+            url = settings.value("DATABASE_URL") or UNCONNECTED_URL
             try:
                 with temporary_environment(dbt_connection_env(url)):
                     dbt_resource().cli(["parse", "--quiet"], target_path=parse_target).wait()
@@ -235,7 +236,7 @@ def dbt_connection_env(url: str) -> dict[str, str]:
     and win)."""
     parts = urlsplit(url)
     query = parse_qs(parts.query)
-    options = os.environ.get("PGOPTIONS", "")
+    options = settings.value("PGOPTIONS") or ""
     if DBT_SESSION_SETTINGS not in options:  # callers put the result back in os.environ
         options = f"{DBT_SESSION_SETTINGS} {options}".strip()
     return {
@@ -253,8 +254,9 @@ def dbt_connection_env(url: str) -> dict[str, str]:
 def person_schema_prefix() -> str:
     """DBT_SCHEMA_PREFIX, else dev_ and the user's name as an identifier (dev_alice): the
     schemas a person's builds write (the dev target), e.g. dev_alice_marts."""
-    if os.environ.get(SCHEMA_PREFIX_ENV):
-        return os.environ[SCHEMA_PREFIX_ENV]
+    prefix = settings.value(SCHEMA_PREFIX_ENV)
+    if prefix:
+        return prefix
     try:
         user = getpass.getuser()
     except (KeyError, OSError):  # no user name in the environment nor in the password file

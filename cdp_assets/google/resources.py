@@ -8,12 +8,12 @@ environment's identity); the Google Ads developer token is the destination's
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING
 
 import dagster as dg
 
 from cdp_assets.activation.destinations import Destination
+from cdp_assets.lib import settings
 
 if TYPE_CHECKING:
     from cdp_assets.google.data_manager import DataManagerAudiences
@@ -29,7 +29,7 @@ class GoogleResource(dg.ConfigurableResource):
     timeout_seconds: float = 120.0
 
     def _sandbox(self) -> str | None:
-        return self.sandbox_address or os.environ.get("GOOGLE_SANDBOX_ADDRESS")
+        return self.sandbox_address or settings.value("GOOGLE_SANDBOX_ADDRESS")
 
     def audiences_for(self, destination: Destination) -> DataManagerAudiences | GoogleAdsAudiences:
         # Google's generated clients take a while to import (the Data Manager API's 0.1 s,

@@ -5,6 +5,7 @@ import shutil
 from importlib.resources import files
 from pathlib import Path
 
+from cdp_assets.lib import settings
 from cdp_assets.lib.database import cdp_home, sqlalchemy_url
 
 
@@ -13,7 +14,7 @@ def prepare_dagster_home(warehouse_url: str) -> Path:
 
     A `DAGSTER_HOME` set by the user keeps its own `dagster.yaml` when it has one.
     """
-    home = Path(os.environ.get("DAGSTER_HOME") or cdp_home() / "dagster")
+    home = Path(settings.value("DAGSTER_HOME") or cdp_home() / "dagster")
     home.mkdir(parents=True, exist_ok=True)
     config = home / "dagster.yaml"
     if "DAGSTER_HOME" not in os.environ or not config.exists():

@@ -70,6 +70,7 @@ from dagster_postgres.utils import (
 from sqlalchemy import event, exc
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
+from cdp_assets.lib import settings
 from cdp_assets.vtex.backfills import per_tenant_backfills
 
 # Connections the pool holds open, and how many more it may open while threads write at once.
@@ -84,7 +85,6 @@ POOL_RECYCLE_SECONDS = 3600
 PING_AFTER_IDLE_SECONDS = 0.25
 # Events Dagster buffers before writing them in one batch (it reads the variable at each event).
 EVENT_BATCH_SIZE_ENV = "DAGSTER_EVENT_BATCH_SIZE"
-EVENT_BATCH_SIZE = 1000
 COLUMNS_SQL = db.text(
     "SELECT attname FROM pg_attribute"
     " WHERE attrelid = to_regclass(:table) AND attnum > 0 AND NOT attisdropped"
@@ -171,7 +171,7 @@ class _PooledStorage:
 
 class PooledPostgresEventLogStorage(_PooledStorage, PostgresEventLogStorage):
     def __init__(self, postgres_url: str, *args: Any, **kwargs: Any) -> None:
-        os.environ.setdefault(EVENT_BATCH_SIZE_ENV, str(EVENT_BATCH_SIZE))
+        os.environ.setdefault(EVENT_BATCH_SIZE_ENV, settings.required(EVENT_BATCH_SIZE_ENV))
         super().__init__(postgres_url, *args, **kwargs)
 
     def store_event_batch(self, events: Sequence[EventLogEntry]) -> None:

@@ -24,7 +24,7 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 import psycopg.conninfo
 
-from cdp_assets.lib.outbound import seconds_from_env
+from cdp_assets.lib import settings
 
 if TYPE_CHECKING:
     import psutil  # the embedded server's, imported with it
@@ -37,12 +37,10 @@ _embedded_server = None  # held so the embedded server lives as long as this pro
 # than the statement timeout.
 CONNECT_TIMEOUT_ENV = "CDP_DB_CONNECT_TIMEOUT_SECONDS"
 STATEMENT_TIMEOUT_ENV = "CDP_DB_STATEMENT_TIMEOUT_SECONDS"
-CONNECT_TIMEOUT_SECONDS = 10.0
-STATEMENT_TIMEOUT_SECONDS = 1800.0
 
 
 def cdp_home() -> Path:
-    home = Path(os.environ.get("CDP_HOME", Path.home() / ".cdp")).expanduser().resolve()
+    home = Path(settings.required("CDP_HOME")).expanduser().resolve()
     home.mkdir(parents=True, exist_ok=True)
     return home
 
@@ -73,7 +71,7 @@ def checked_url(url: str) -> str:
 
 def database_url() -> str:
     """The warehouse URL (`postgresql://...`), starting the embedded server when needed."""
-    url = os.environ.get("DATABASE_URL")
+    url = settings.value("DATABASE_URL")
     if url:
         return checked_url(url)
     global _embedded_server
@@ -199,8 +197,8 @@ def sqlalchemy_url(url: str) -> str:
 def session_parameters(url: str) -> dict[str, Any]:
     """The connection parameters that bound a session of the platform on `url`: connect
     timeout, TCP keepalives and a statement timeout (added to the URL's own `options`)."""
-    connect_timeout = seconds_from_env(CONNECT_TIMEOUT_ENV, CONNECT_TIMEOUT_SECONDS)
-    statement_timeout = seconds_from_env(STATEMENT_TIMEOUT_ENV, STATEMENT_TIMEOUT_SECONDS)
+    connect_timeout = settings.positive_number(CONNECT_TIMEOUT_ENV)
+    statement_timeout = settings.positive_number(STATEMENT_TIMEOUT_ENV)
     options = psycopg.conninfo.conninfo_to_dict(url).get("options")
     return {
         # libpq counts whole seconds, and takes less than 2 as 2.

@@ -17,7 +17,7 @@ Cancelling a run interrupts its run worker (SIGINT from the code server, SIGTERM
 deletes the run's pod); Dagster's multiprocess executor passes the request on to each step
 process, which raises an interrupt in the step's code. A step whose code does not return from a
 blocking call then (or ignores the interrupt) would outlive the run: the executor here kills the
-step processes still alive `STEP_STOP_GRACE_SECONDS` after the request.
+step processes still alive `CDP_STEP_STOP_GRACE_SECONDS` after the request.
 """
 
 from __future__ import annotations
@@ -34,14 +34,13 @@ from dagster._core.executor.base import Executor
 from dagster._core.executor.multiprocess import MultiprocessExecutor
 from dagster_celery import celery_executor
 
-from cdp_assets.lib.outbound import seconds_from_env
+from cdp_assets.lib import settings
 
 EXECUTOR_ENV = "CDP_EXECUTOR"
 BROKER_ENV = "CDP_CELERY_BROKER"
 BACKEND_ENV = "CDP_CELERY_BACKEND"
 MULTIPROCESS, CELERY = "multiprocess", "celery"
 STEP_STOP_GRACE_ENV = "CDP_STEP_STOP_GRACE_SECONDS"
-STEP_STOP_GRACE_SECONDS = 30.0
 
 
 class ExecutorConfigError(ValueError):
@@ -117,9 +116,7 @@ def _multiprocess_or_in_process(init_context: dg.InitExecutorContext) -> Executo
     executor = dg.multi_or_in_process_executor.executor_creation_fn(init_context)
     if not isinstance(executor, MultiprocessExecutor):
         return executor
-    return StepStoppingExecutor(
-        executor, seconds_from_env(STEP_STOP_GRACE_ENV, STEP_STOP_GRACE_SECONDS)
-    )
+    return StepStoppingExecutor(executor, settings.positive_number(STEP_STOP_GRACE_ENV))
 
 
 multiprocess_forkserver_executor = dg.ExecutorDefinition(
@@ -139,15 +136,14 @@ multiprocess_forkserver_executor = dg.ExecutorDefinition(
 
 def executor_from_env(environ: Mapping[str, str] | None = None) -> dg.ExecutorDefinition:
     """The executor `CDP_EXECUTOR` selects."""
-    environ = os.environ if environ is None else environ
-    choice = (environ.get(EXECUTOR_ENV) or MULTIPROCESS).strip().lower()
+    choice = settings.required(EXECUTOR_ENV, environ).lower()
     if choice == MULTIPROCESS:
         return multiprocess_forkserver_executor
     if choice != CELERY:
         raise ExecutorConfigError(
             f"{EXECUTOR_ENV}={choice!r}: expected {MULTIPROCESS!r} (the default) or {CELERY!r}"
         )
-    missing = [name for name in (BROKER_ENV, BACKEND_ENV) if not environ.get(name)]
+    missing = [name for name in (BROKER_ENV, BACKEND_ENV) if not settings.value(name, environ)]
     if missing:
         raise ExecutorConfigError(f"{EXECUTOR_ENV}=celery needs {' and '.join(missing)} set")
     # The backend is explicit: dagster-celery's default, rpc://, is Celery's RabbitMQ-only

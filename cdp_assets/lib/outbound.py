@@ -72,20 +72,6 @@ class Deadlines:
         )
 
 
-def seconds_from_env(name: str, default: float) -> float:
-    """A positive number of seconds from the environment variable `name`, else `default`."""
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not (value > 0 and math.isfinite(value)):
-        raise ValueError(f"{name}={raw!r}: expected a positive number of seconds")
-    return value
-
-
 def origin(url: str) -> tuple[str, str, int | None]:
     parts = urlsplit(url)
     default_port = {"http": 80, "https": 443}.get(parts.scheme.lower())

@@ -1,10 +1,9 @@
 """How to reach the Graph API; the access token comes from each destination's reference."""
 
-import os
-
 import dagster as dg
 
 from cdp_assets.activation.destinations import Destination
+from cdp_assets.lib import settings
 from cdp_assets.lib.outbound import Deadlines
 from cdp_assets.meta.audiences import GRAPH_DEADLINES, PACE_SECONDS, MetaAudiences
 
@@ -28,7 +27,7 @@ class MetaResource(dg.ConfigurableResource):
             destination.account_id,
             destination.credential("access_token"),
             app_secret=destination.credential("app_secret") if signs else None,
-            graph_url=self.graph_url or os.environ.get("META_GRAPH_URL"),
+            graph_url=self.graph_url or settings.value("META_GRAPH_URL"),
             attempts=self.attempts,
             retry_base_seconds=self.retry_base_seconds,
             deadlines=Deadlines(

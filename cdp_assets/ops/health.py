@@ -9,7 +9,6 @@ the verdict, not a stack trace.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -24,6 +23,7 @@ from dagster._core.scheduler.instigation import (
 )
 from dagster._utils.schedules import cron_string_iterator
 
+from cdp_assets.lib import settings
 from cdp_assets.lib.ages import format_age
 from cdp_assets.lib.redaction import redact
 
@@ -31,7 +31,6 @@ from cdp_assets.lib.redaction import redact
 # minutes) is for its UI, far too late for a probe. $CDP_HEARTBEAT_TOLERANCE_SECONDS sets it,
 # above the heartbeats' interval.
 HEARTBEAT_TOLERANCE_ENV = "CDP_HEARTBEAT_TOLERANCE_SECONDS"
-HEARTBEAT_TOLERANCE = timedelta(seconds=120)
 HEARTBEAT_INTERVAL = timedelta(seconds=30)
 # A sensor is stalled once it missed several of its intervals (a busy daemon runs late), a
 # schedule once its next tick is this late.
@@ -81,12 +80,9 @@ def database_problem(url: str) -> Problem | None:
 
 
 def heartbeat_tolerance(environ: Mapping[str, str] | None = None) -> timedelta:
-    """How old the daemon's last heartbeat may be: HEARTBEAT_TOLERANCE unless the environment
-    sets another, which must exceed the heartbeats' interval."""
-    environ = os.environ if environ is None else environ
-    raw = environ.get(HEARTBEAT_TOLERANCE_ENV)
-    if not raw:
-        return HEARTBEAT_TOLERANCE
+    """How old the daemon's last heartbeat may be (its setting), more than the heartbeats'
+    interval."""
+    raw = settings.required(HEARTBEAT_TOLERANCE_ENV, environ)
     try:
         tolerance = timedelta(seconds=float(raw))
     except ValueError:

@@ -2,15 +2,15 @@
 big tables refreshed. A daily job runs it; `cdp maintenance --dry-run` says what it would
 remove.
 
-Each kind of record is kept for its number of days (RETENTIONS, overridable with
-CDP_RETENTION_<NAME>_DAYS), counted from when it was last touched. Two kinds of rows stay
-whatever their age: each destination audience's latest synced run (its match figures are
-shown until the next sync), and a Dagster run that materialized an asset (Dagster plans from
-the materializations: which partitions exist, what is stale). Privacy requests are kept for
-good: they are the proof a request was honoured.
+Each kind of record is kept for its number of days (its setting CDP_RETENTION_<NAME>_DAYS,
+declared with its default in cdp_assets/lib/settings.py), counted from when it was last
+touched. Two kinds of rows stay whatever their age: each destination audience's latest
+synced run (its match figures are shown until the next sync), and a Dagster run that
+materialized an asset (Dagster plans from the materializations: which partitions exist,
+what is stale). Privacy requests are kept for good: they are the proof a request was
+honoured.
 """
 
-import os
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -19,6 +19,7 @@ import dagster as dg
 import psycopg
 from psycopg import sql
 
+from cdp_assets.lib import settings
 from cdp_assets.lib.run_bounds import HOUR, MAX_RUNTIME_TAG
 from cdp_assets.lib.warehouse import WarehouseResource, migrated_url
 from cdp_assets.vtex.schedules import TIMEZONE
@@ -29,7 +30,6 @@ class Retention:
     name: str
     table: str
     age_column: str
-    default_days: int
     # Rows kept whatever their age.
     keep: str = "false"
 
@@ -39,24 +39,23 @@ class Retention:
 
 
 RETENTIONS = (
-    Retention("rejects", "raw_vtex.rejects", "last_seen_at", 180),
-    Retention("unreadable_orders", "raw_vtex.unreadable_orders", "last_seen_at", 180),
-    Retention("orders_to_reread", "raw_vtex.orders_to_reread", "last_failed_at", 180),
+    Retention("rejects", "raw_vtex.rejects", "last_seen_at"),
+    Retention("unreadable_orders", "raw_vtex.unreadable_orders", "last_seen_at"),
+    Retention("orders_to_reread", "raw_vtex.orders_to_reread", "last_failed_at"),
     Retention(
         "activation_runs",
         "cdp.activation_runs",
         "finished_at",
-        365,
         keep="activation_run_id IN (SELECT max(activation_run_id) FROM cdp.activation_runs"
         " WHERE status = 'synced' GROUP BY destination_id, audience)",
     ),
-    Retention("activation_rejects", "cdp.activation_rejects", "rejected_at", 90),
+    Retention("activation_rejects", "cdp.activation_rejects", "rejected_at"),
     # A request awaiting the platform's verdict has no settled_at: it stays whatever its age.
-    Retention("destination_requests", "cdp.destination_requests", "settled_at", 90),
-    Retention("sync_errors", "cdp.sync_errors", "occurred_at", 180),
-    Retention("metric_states", "cdp.ops_metric_states", "evaluated_at", 90),
+    Retention("destination_requests", "cdp.destination_requests", "settled_at"),
+    Retention("sync_errors", "cdp.sync_errors", "occurred_at"),
+    Retention("metric_states", "cdp.ops_metric_states", "evaluated_at"),
 )
-DAGSTER_RUNS = Retention("dagster_runs", "Dagster runs and their event logs", "end time", 90)
+DAGSTER_RUNS = Retention("dagster_runs", "Dagster runs and their event logs", "end time")
 # What most scans read; autovacuum analyzes them late after a bulk load or a mass deletion.
 ANALYZED = (
     "raw_vtex.orders",
@@ -80,9 +79,7 @@ class RetentionError(ValueError):
 
 
 def retention_days(retention: Retention) -> int:
-    text = os.environ.get(retention.setting, "").strip()
-    if not text:
-        return retention.default_days
+    text = settings.required(retention.setting)
     if not text.isdigit() or int(text) < 1:
         raise RetentionError(f"{retention.setting} must be a number of days (1 or more)")
     return int(text)

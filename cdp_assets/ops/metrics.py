@@ -25,7 +25,6 @@ both report `collect_metrics`.
 from __future__ import annotations
 
 import json
-import os
 from collections import defaultdict
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -36,6 +35,7 @@ from typing import Any
 import dagster as dg
 import psycopg
 
+from cdp_assets.lib import settings
 from cdp_assets.ops.sync_errors import tenant_from_tags
 from cdp_assets.partitions import tenant_of_partition_key
 from cdp_assets.tenants.registry import list_tenants
@@ -116,11 +116,11 @@ def load_thresholds(
 ) -> dict[str, Threshold]:
     """DEFAULT_THRESHOLDS, then $CDP_OPS_THRESHOLDS (JSON such as
     `{"avg_sync_seconds": {"target": 60, "alert": 300}}`), then `overrides` (same shape)."""
-    environ = os.environ if environ is None else environ
     layers: list[tuple[str, Mapping[str, Any]]] = []
-    if environ.get(THRESHOLDS_ENV):
+    configured = settings.value(THRESHOLDS_ENV, environ)
+    if configured:
         try:
-            layers.append((f"${THRESHOLDS_ENV}", json.loads(environ[THRESHOLDS_ENV])))
+            layers.append((f"${THRESHOLDS_ENV}", json.loads(configured)))
         except json.JSONDecodeError as error:
             raise ValueError(f"${THRESHOLDS_ENV} is not JSON: {error}") from None
     if overrides:

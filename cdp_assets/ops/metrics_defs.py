@@ -4,10 +4,9 @@ the worst tenants (or accounts), with one asset check per metric (warn: a tenant
 target, error: one crossed the alert threshold), and an alert on the webhook when a tenant's
 figure crosses its alert threshold."""
 
-import os
-
 import dagster as dg
 
+from cdp_assets.lib import settings
 from cdp_assets.lib.run_bounds import run_bound
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.ops.alerts import WEBHOOK_ENV
@@ -117,7 +116,7 @@ def operations_metrics(
         # End the reads' transaction, so the states below commit (and unlock) right after
         # their posts rather than when this connection closes.
         conn.commit()
-        for crossing in alert_on_crossings(conn, report, os.environ.get(WEBHOOK_ENV), context.log):
+        for crossing in alert_on_crossings(conn, report, settings.value(WEBHOOK_ENV), context.log):
             figure = crossing.figure
             if crossing.recovered:
                 context.log.info(f"{figure.key} = {figure.value:.1f}: recovered")

@@ -1,11 +1,11 @@
 """Every failed run becomes a row of `cdp.sync_errors`, and an alert when a webhook is set."""
 
-import os
 import time
 from datetime import UTC, datetime
 
 import dagster as dg
 
+from cdp_assets.lib import settings
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.ops.alerts import UI_URL_ENV, WEBHOOK_ENV, alert_payload, post_alert
 from cdp_assets.ops.sync_errors import failed_assets, record_sync_error, sync_error_from_run
@@ -35,6 +35,6 @@ def sync_errors_sensor(context: dg.RunFailureSensorContext, warehouse: Warehouse
         context.log.info(f"run {run.run_id} is already in cdp.sync_errors")
         return
     context.log.info(f"run {run.run_id} recorded: tenant {error.tenant_id}, {error.error_type}")
-    url = os.environ.get(WEBHOOK_ENV)
+    url = settings.value(WEBHOOK_ENV)
     if url:
-        post_alert(url, alert_payload(error, os.environ.get(UI_URL_ENV)), context.log)
+        post_alert(url, alert_payload(error, settings.value(UI_URL_ENV)), context.log)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import copy
 import email.utils
-import os
 import random
 import threading
 import time
@@ -29,6 +28,7 @@ import orjson
 import requests
 from dagster import get_dagster_logger
 
+from cdp_assets.lib import settings
 from cdp_assets.lib.outbound import (
     BoundedSession,
     DeadlineExceeded,
@@ -368,7 +368,7 @@ class VtexClient:
             proxies = requests.utils.get_environ_proxies(self.base_url)
             session.proxies.update({k: v for k, v in proxies.items() if k != "no"})
             session.verify = (
-                os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("CURL_CA_BUNDLE") or True
+                settings.value("REQUESTS_CA_BUNDLE") or settings.value("CURL_CA_BUNDLE") or True
             )
             session.trust_env = False
             self._local.session = session

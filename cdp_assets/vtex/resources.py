@@ -1,14 +1,11 @@
 """The VTEX client as a Dagster resource; credentials come from the tenant's references."""
 
-import os
-
 import dagster as dg
 
+from cdp_assets.lib import settings
 from cdp_assets.lib.warehouse import migrated_url
 from cdp_assets.tenants.registry import Tenant
 from cdp_assets.vtex.client import VtexClient
-
-VTEX_BASE_URL = "https://{account}.{environment}.com.br"
 
 
 class VtexResource(dg.ConfigurableResource):
@@ -41,17 +38,17 @@ class VtexResource(dg.ConfigurableResource):
     collection_writes_per_second: float | None = None
 
     def collection_write_rate(self) -> float:
-        return self.collection_writes_per_second or float(
-            os.environ.get("VTEX_COLLECTION_WRITES_PER_SECOND", 2)
+        return self.collection_writes_per_second or settings.positive_number(
+            "VTEX_COLLECTION_WRITES_PER_SECOND"
         )
 
     def request_rate(self) -> float:
         """Requests per second per account: the client's pace, and the operations metrics'
         request budget."""
-        return self.requests_per_second or float(os.environ.get("VTEX_REQUESTS_PER_SECOND", 80))
+        return self.requests_per_second or settings.positive_number("VTEX_REQUESTS_PER_SECOND")
 
     def client_for(self, tenant: Tenant) -> VtexClient:
-        template = self.base_url_template or os.environ.get("VTEX_BASE_URL_TEMPLATE", VTEX_BASE_URL)
+        template = self.base_url_template or settings.required("VTEX_BASE_URL_TEMPLATE")
         return VtexClient(
             tenant.account_name,
             template.format(account=tenant.account_name, environment=tenant.environment),
