@@ -2,7 +2,6 @@
 `prediction_assets.py`) and the audiences."""
 
 import json
-import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import UTC, date, datetime
 
@@ -21,7 +20,6 @@ from cdp_assets.analytics.dbt_project import (
 )
 from cdp_assets.lib import settings
 from cdp_assets.lib.dagster_home import DBT_POOL
-from cdp_assets.lib.environ import temporary_environment
 from cdp_assets.lib.warehouse import WarehouseResource, migrated_url
 from cdp_assets.partitions import tenants
 from cdp_assets.tenants.registry import SLUG
@@ -92,7 +90,6 @@ def run_tenants(context: dg.AssetExecutionContext) -> list[str]:
 def _run_dbt(
     context: dg.AssetExecutionContext, dbt: CdpDbtCliResource, tenant_ids: Sequence[str] | None
 ):
-    os.environ.update(dbt_connection_env(migrated_url()))
     # Cautious: a test joining a model of another asset (churn_risk -> customers) runs with
     # the asset that holds all its parents, not with the first one to build.
     # Unit tests check the SQL, not the data: CI and analysts run them, scheduled runs need not.
@@ -103,17 +100,18 @@ def _run_dbt(
         "--exclude-resource-type",
         "unit_test",
     ]
-    # Not `--vars`: dbt re-parses the whole project whenever those change (see run_var). Only
-    # this invocation's environment holds them: a later dbt command of this process (a unit
-    # test overriding tenant_id with null, say) must not inherit this run's tenants.
-    # Nor does it write manifest.json (twice per build, 0.6 s each) and run_results.json: the
-    # event log holds each node's result. DBT_WRITE_JSON=true in the environment writes them.
+    # The run's variables go in this invocation's environment, not `--vars`: dbt re-parses
+    # the whole project whenever those change (see run_var), and no other dbt command of this
+    # process (a unit test overriding tenant_id with null, say) inherits this run's tenants.
+    # Nor does it write manifest.json (twice per build) and run_results.json: the event log
+    # holds each node's result. DBT_WRITE_JSON=true in the environment writes them.
     run_environment = {
+        **dbt_connection_env(migrated_url()),
         RUN_VARS_ENV: dbt_vars(tenant_ids, refresh_started(context)),
         WRITE_JSON_ENV: settings.required(WRITE_JSON_ENV),
     }
-    with temporary_environment(run_environment):
-        invocation = dbt.forked_cli(args, context=context)  # the dbt command starts here
+    # The dbt command starts here.
+    invocation = dbt.forked_cli(args, context=context, env=run_environment)
     yield from invocation.stream()
     keep_parse(invocation.target_path)
 

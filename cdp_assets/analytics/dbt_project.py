@@ -67,15 +67,21 @@ class CdpDbtCliResource(DbtCliResource):
         return None
 
     def forked_cli(
-        self, args: Sequence[str], *, context: dg.AssetExecutionContext
+        self,
+        args: Sequence[str],
+        *,
+        context: dg.AssetExecutionContext,
+        env: Mapping[str, str] | None = None,
     ) -> DbtCliInvocation:
         """`cli(args, context=context)`, its dbt command run in a child forked from this
-        process (dbt_fork.py) with the arguments and environment `cli` gives its subprocess.
-        For a step's process: one running server threads (the webserver's, gRPC's) is not
-        one to fork. On Linux only: macOS' system frameworks do not survive a fork, and
-        Windows has none."""
+        process (dbt_fork.py) with the arguments and environment `cli` gives its subprocess,
+        and `env` on top: this invocation's own variables, which no other dbt command of the
+        process sees. For a step's process: one running server threads (the webserver's,
+        gRPC's) is not one to fork. On Linux only: macOS' system frameworks do not survive a
+        fork, and Windows has none."""
         if sys.platform != "linux":
-            return self.cli(args, context=context)
+            with temporary_environment(env or {}):
+                return self.cli(args, context=context)
         args, selects, excludes = extract_runtime_selection_from_args(args)
         params = get_updated_cli_invocation_params_for_context(
             context=context,
@@ -96,6 +102,7 @@ class CdpDbtCliResource(DbtCliResource):
             "DBT_LOG_PATH": str(target_path),
             "DBT_PROJECT_DIR": str(project_dir),
             **({"DBT_PROFILES_DIR": self.profiles_dir} if self.profiles_dir else {}),
+            **(env or {}),
         }
         if params.indirect_selection:
             env[DBT_INDIRECT_SELECTION_ENV] = params.indirect_selection
@@ -237,7 +244,7 @@ def dbt_connection_env(url: str) -> dict[str, str]:
     parts = urlsplit(url)
     query = parse_qs(parts.query)
     options = settings.value("PGOPTIONS") or ""
-    if DBT_SESSION_SETTINGS not in options:  # callers put the result back in os.environ
+    if DBT_SESSION_SETTINGS not in options:  # a caller may put the result in os.environ
         options = f"{DBT_SESSION_SETTINGS} {options}".strip()
     return {
         "CDP_PGHOST": query.get("host", [parts.hostname or "localhost"])[0],
