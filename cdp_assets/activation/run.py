@@ -15,7 +15,7 @@ from __future__ import annotations
 import queue
 import threading
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import dagster as dg
@@ -182,13 +182,33 @@ SYNC_WORKERS = 4
 Connections = tuple[psycopg.Connection, psycopg.Connection]
 
 
+class DestinationAdapter:
+    """What activation needs of one kind of destination: the platforms it serves, a client
+    per destination, each audience's desired members and its membership signature.
+    `members` and `signature` are called from the sync workers, each on a connection of its
+    own (`reader` for members, the sync state's `writer` for the signature)."""
+
+    platforms: tuple[str, ...] = ()
+    # Destinations of a run synced at once.
+    workers: int = SYNC_WORKERS
+
+    def platform(self, destination: Destination) -> Platform:
+        raise NotImplementedError
+
+    def members(self, reader: psycopg.Connection, target: DestinationAudience) -> MemberSource:
+        raise NotImplementedError
+
+    def signature(self, writer: psycopg.Connection, target: DestinationAudience) -> str | None:
+        """The audience's membership signature, stored when a sync completes so the change
+        sensor can tell it changed since; None: no signature (the sensor does not watch)."""
+        return None
+
+
 def _sync_destination(
     connections: Connections,
     targets: list[DestinationAudience],
     options: SyncOptions,
-    platform_for: Callable[[Destination], Platform],
-    members_for: Callable[[psycopg.Connection, DestinationAudience], MemberSource],
-    signature_for: Callable[[psycopg.Connection, DestinationAudience], str | None],
+    adapter: DestinationAdapter,
     gate_refusals: dict[str, str],
 ) -> list[SyncOutcome]:
     """One destination's audiences, in order, with one platform client; an audience gated
@@ -207,8 +227,8 @@ def _sync_destination(
             # credential reference is refused here, before any call to the platform.
             destination.validate()
             if platform is None:
-                platform = platform_for(destination)
-            source, signature = members_for(reader, target), signature_for(conn, target)
+                platform = adapter.platform(destination)
+            source, signature = adapter.members(reader, target), adapter.signature(conn, target)
         except Exception as error:
             outcome = record_failure(conn, target, options, error_reason(error))
         else:
@@ -258,16 +278,12 @@ def _without_jit(conn: psycopg.Connection) -> psycopg.Connection:
 def activate(
     context: dg.AssetExecutionContext,
     connect: Callable[[], psycopg.Connection],
-    platforms: tuple[str, ...],
     config: ActivationConfig,
-    platform_for: Callable[[Destination], Platform],
-    members_for: Callable[[psycopg.Connection, DestinationAudience], MemberSource],
-    signature_for: Callable[[psycopg.Connection, DestinationAudience], str | None],
-    workers: int = SYNC_WORKERS,
+    adapter: DestinationAdapter,
 ) -> dg.MaterializeResult:
-    """Sync the run's destination audiences, `workers` destinations at a time, each worker
-    on connections of its own from `connect`: `members_for(reader, target)` and
-    `signature_for(writer, target)` are called from the workers."""
+    """Sync the run's destination audiences of the adapter's platforms, `adapter.workers`
+    destinations at a time, each worker on connections of its own from `connect`."""
+    platforms = adapter.platforms
     tenant_ids = sorted(context.partition_keys)
     with connect() as conn:
         abandoned = close_abandoned_runs(conn, context.instance)
@@ -303,16 +319,14 @@ def activate(
                 connections,
                 destination_targets,
                 options,
-                platform_for,
-                members_for,
-                signature_for,
+                adapter,
                 gate_refusals,
             )
         finally:
             idle.put(connections)
 
     try:
-        with ThreadPoolExecutor(max(1, workers), thread_name_prefix="activation") as pool:
+        with ThreadPoolExecutor(max(1, adapter.workers), thread_name_prefix="activation") as pool:
             outcomes = [o for group in pool.map(sync, by_destination.values()) for o in group]
     finally:
         while not idle.empty():
@@ -349,6 +363,47 @@ def activate(
     return dg.MaterializeResult(metadata=metadata)
 
 
+class AudienceAdapter(DestinationAdapter):
+    """Ad platforms: members from the tenants' audience tables, hashed by `build_row`."""
+
+    def __init__(
+        self,
+        conn: psycopg.Connection,
+        tenant_ids: Sequence[str],
+        platforms: tuple[str, ...],
+        platform_for: Callable[[Destination], Platform],
+        build_row: RowBuilder,
+    ) -> None:
+        self.platforms = platforms
+        self.tenant_ids = list(tenant_ids)
+        self.platform_for = platform_for
+        self.build_row = build_row
+        self.countries = {t: get_tenant(conn, t).default_country for t in self.tenant_ids}
+        self.views = audience_views(conn)
+        # audience -> tenant -> signature, for every tenant of the run at the audience's first
+        # push: one query per audience, not per tenant. An audience refreshed before a later
+        # tenant's members are read leaves that tenant an older signature, so the change
+        # sensor pushes it once more (the diff sends nothing new).
+        self.signatures: dict[str, dict[str, str]] = {}
+        self.reading_signatures = threading.Lock()
+
+    def platform(self, destination: Destination) -> Platform:
+        return self.platform_for(destination)
+
+    def members(self, reader: psycopg.Connection, target: DestinationAudience) -> MemberSource:
+        require_audience(self.views, target.audience)
+        country = self.countries[target.destination.tenant_id]
+        return audience_members(reader, target, country, self.build_row)
+
+    def signature(self, writer: psycopg.Connection, target: DestinationAudience) -> str:
+        with self.reading_signatures:
+            if target.audience not in self.signatures:
+                self.signatures[target.audience] = audience_signatures(
+                    writer, target.audience, self.tenant_ids
+                )
+            return self.signatures[target.audience][target.destination.tenant_id]
+
+
 def activate_audiences(
     context: dg.AssetExecutionContext,
     config: ActivationConfig,
@@ -357,31 +412,7 @@ def activate_audiences(
     platform_for: Callable[[Destination], Platform],
     build_row: RowBuilder,
 ) -> dg.MaterializeResult:
-    """`activate` for ad platforms: members from the audience views, hashed by `build_row`."""
+    """`activate` for ad platforms."""
     with warehouse.connect() as conn:
-        countries = {
-            tenant_id: get_tenant(conn, tenant_id).default_country
-            for tenant_id in context.partition_keys
-        }
-        views = audience_views(conn)
-    # audience -> tenant -> signature, for every tenant of the run at the audience's first
-    # push: one query per audience, not per tenant. A view refreshed before a later tenant's
-    # members are read leaves that tenant an older signature, so the change sensor pushes it
-    # once more (the diff sends nothing new).
-    signatures: dict[str, dict[str, str]] = {}
-    reading_signatures = threading.Lock()
-
-    def members(reader: psycopg.Connection, target: DestinationAudience) -> MemberSource:
-        require_audience(views, target.audience)
-        country = countries[target.destination.tenant_id]
-        return audience_members(reader, target, country, build_row)
-
-    def signature(conn: psycopg.Connection, target: DestinationAudience) -> str:
-        with reading_signatures:
-            if target.audience not in signatures:
-                signatures[target.audience] = audience_signatures(
-                    conn, target.audience, context.partition_keys
-                )
-            return signatures[target.audience][target.destination.tenant_id]
-
-    return activate(context, warehouse.connect, platforms, config, platform_for, members, signature)
+        adapter = AudienceAdapter(conn, context.partition_keys, platforms, platform_for, build_row)
+    return activate(context, warehouse.connect, config, adapter)

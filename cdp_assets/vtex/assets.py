@@ -8,7 +8,7 @@ import dagster as dg
 import psycopg
 
 from cdp_assets.activation.destinations import Destination, DestinationAudience
-from cdp_assets.activation.run import ActivationConfig, activate
+from cdp_assets.activation.run import ActivationConfig, DestinationAdapter, activate
 from cdp_assets.activation.sync import MemberSource
 from cdp_assets.analytics.assets import dbt_audiences, dbt_tenant_models
 from cdp_assets.lib.dagster_home import VTEX_API_POOL
@@ -338,28 +338,28 @@ def vtex_product_collections(
     """Product collections written back to the tenant's VTEX store (destinations with platform
     'vtex_collections'; one rule per collection, see `vtex/collection_rules.py`), SKUs added and
     removed by difference, one paced call each."""
+    return activate(context, warehouse.connect, config, CollectionsAdapter(warehouse, vtex))
 
-    def members(reader: psycopg.Connection, target: DestinationAudience) -> MemberSource:
+
+class CollectionsAdapter(DestinationAdapter):
+    """VTEX collections: each rule's SKUs. One destination at a time: two destinations of one
+    store writing at once would make the concurrent collection writes VTEX deadlocks on
+    (vtex/collections.py)."""
+
+    platforms = ("vtex_collections",)
+    workers = 1
+
+    def __init__(self, warehouse: WarehouseResource, vtex: VtexResource) -> None:
+        self.warehouse, self.vtex = warehouse, vtex
+
+    def platform(self, destination: Destination) -> VtexCollections:
+        with self.warehouse.connect() as conn:
+            tenant = get_tenant(conn, destination.tenant_id)
+        return VtexCollections(self.vtex.client_for(tenant), self.vtex.collection_write_rate())
+
+    def members(self, reader: psycopg.Connection, target: DestinationAudience) -> MemberSource:
         skus = collection_skus(reader, target.destination.tenant_id, target.params)
         return MemberSource(lambda: iter(skus))
-
-    def collections_for(destination: Destination) -> VtexCollections:
-        with warehouse.connect() as conn:
-            tenant = get_tenant(conn, destination.tenant_id)
-        return VtexCollections(vtex.client_for(tenant), vtex.collection_write_rate())
-
-    # One destination at a time: two destinations of one store writing at once would make
-    # the concurrent collection writes VTEX deadlocks on (vtex/collections.py).
-    return activate(
-        context,
-        warehouse.connect,
-        ("vtex_collections",),
-        config,
-        collections_for,
-        members,
-        lambda _conn, _target: None,
-        workers=1,
-    )
 
 
 @vtex_destination_asset()
@@ -372,24 +372,24 @@ def vtex_masterdata_fields(
     """Segments, CLV tiers and churn bands written to the tenant's Master Data CL documents
     (destinations with platform 'vtex_masterdata', see `vtex/masterdata_writeback.py`): only
     the documents whose values changed, within the account's shared request budget."""
+    return activate(context, warehouse.connect, config, MasterDataAdapter(warehouse, vtex))
 
-    def members(reader: psycopg.Connection, target: DestinationAudience) -> MemberSource:
-        return customer_fields(reader, target, WritebackFields.from_params(target.params))
 
-    def fields_for(destination: Destination) -> VtexMasterDataFields:
-        with warehouse.connect() as conn:
+class MasterDataAdapter(DestinationAdapter):
+    """Master Data CL fields: each customer's values. One destination at a time: each writes
+    at the account's whole request budget already."""
+
+    platforms = ("vtex_masterdata",)
+    workers = 1
+
+    def __init__(self, warehouse: WarehouseResource, vtex: VtexResource) -> None:
+        self.warehouse, self.vtex = warehouse, vtex
+
+    def platform(self, destination: Destination) -> VtexMasterDataFields:
+        with self.warehouse.connect() as conn:
             tenant = get_tenant(conn, destination.tenant_id)
             fields = destination_fields(conn, destination.destination_id)
-        return VtexMasterDataFields(vtex.client_for(tenant), fields)
+        return VtexMasterDataFields(self.vtex.client_for(tenant), fields)
 
-    # One destination at a time: each writes at the account's whole request budget already.
-    return activate(
-        context,
-        warehouse.connect,
-        ("vtex_masterdata",),
-        config,
-        fields_for,
-        members,
-        lambda _conn, _target: None,
-        workers=1,
-    )
+    def members(self, reader: psycopg.Connection, target: DestinationAudience) -> MemberSource:
+        return customer_fields(reader, target, WritebackFields.from_params(target.params))
