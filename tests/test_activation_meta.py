@@ -447,6 +447,41 @@ def test_rows_the_platform_refuses_are_recorded_and_sent_again(instance, url, sa
     assert member_keys(sandbox, "meta_rejects") == matchable("meta_rejects", range(200))
 
 
+def test_a_full_replace_records_the_rows_meta_refuses_as_rejected_not_confirmed(
+    instance, url, sandbox
+) -> None:
+    setup(url, "meta_replace_rejects", 200, range(200))
+    assert push(instance, url, sandbox, "meta_replace_rejects").success
+    sandbox.refuse([sha256_hex("cliente.12@exemplo.com.br")])
+    replaced = outcome(
+        push(instance, url, sandbox, "meta_replace_rejects", full_replace=True, force=True)
+    )
+    assert (replaced["status"], replaced["rejected"]) == ("synced", 1)
+    assert "meta_replace_rejects-12" not in member_keys(sandbox, "meta_replace_rejects")
+    with psycopg.connect(url) as conn:
+        confirmed = {
+            key
+            for (key,) in conn.execute(
+                "SELECT member_key FROM cdp.destination_members"
+                " WHERE destination_id = 'meta_replace_rejects_meta'"
+            )
+        }
+        (reject,) = conn.execute(
+            "SELECT j.member_key, j.operation FROM cdp.activation_rejects j"
+            " JOIN cdp.activation_runs r USING (activation_run_id)"
+            " WHERE r.destination_id = 'meta_replace_rejects_meta' AND r.mode = 'replace'"
+        ).fetchall()
+    assert "meta_replace_rejects-12" not in confirmed
+    assert reject == ("meta_replace_rejects-12", "add")
+
+    sandbox.clear_faults()
+    again = outcome(push(instance, url, sandbox, "meta_replace_rejects"))
+    assert (again["added"], again["rejected"]) == (1, 0)
+    assert member_keys(sandbox, "meta_replace_rejects") == matchable(
+        "meta_replace_rejects", range(200)
+    )
+
+
 def test_an_audience_without_its_view_fails_alone(instance, url, sandbox) -> None:
     destination = setup(url, "meta_noview", 150, range(150))
     with psycopg.connect(url) as conn:
