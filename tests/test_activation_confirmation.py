@@ -41,10 +41,10 @@ def url():
 
 @pytest.fixture(scope="module")
 def sandbox():
-    """Google as it behaves: a request is processed an hour after its acknowledgement (until
-    a test lets the time pass), a job runs for three status reads."""
+    """Google as it behaves: a request is processed, and a job runs, an hour after its
+    acknowledgement, until a test lets the time pass."""
     os.environ[TOKEN_REF] = "dev-token"
-    with GoogleSandbox(processing_seconds=3600, running_polls=3) as google:
+    with GoogleSandbox(processing_seconds=3600, job_seconds=3600) as google:
         yield google
 
 
@@ -232,7 +232,7 @@ def test_a_full_replace_records_refused_members_as_rejected(
 
     sandbox.clear_faults()
     added = result["added"]
-    for _ in range(8):  # until Google processed everything (a job takes three status reads)
+    for _ in range(8):  # until Google processed everything
         sandbox.process_pending()
         again = outcome(push(instance, url, sandbox, tenant_id))
         added += again["added"]
@@ -269,7 +269,8 @@ def test_a_google_ads_push_is_one_job_and_no_second_job_runs_beside_it(
     assert len(sandbox.requests("CreateOfflineUserDataJob")) == 1
     assert len(sandbox.requests("RunOfflineUserDataJob")) == 1
 
-    for _ in range(3):  # until the job is done (three status reads)
+    for _ in range(3):  # until the job is done
+        sandbox.process_pending()
         done = outcome(push(instance, url, sandbox, "c_big"))
         if done["status"] == "synced":
             break
@@ -290,6 +291,7 @@ def test_a_lost_google_ads_list_id_finds_the_list_by_name(instance, url, sandbox
             " WHERE destination_id = 'c_lost_google'"
         )
     for _ in range(4):  # until the first job is done
+        sandbox.process_pending()
         result = push(instance, url, sandbox, "c_lost")
         assert result.success, outcome(result)["reason"]
         if outcome(result)["status"] == "synced":

@@ -22,13 +22,15 @@ from activation_support import (
 from activation_support import push as push_activation
 from click.testing import CliRunner
 from google.ads.googleads.v26.services.types.user_list_service import UserListOperation
+from google.api_core import exceptions as gexc
+from google.rpc import error_details_pb2
 
 from cdp_assets.activation.cli import destinations
 from cdp_assets.activation.destinations import Destination
 from cdp_assets.activation.identifiers import sha256_hex
 from cdp_assets.google.assets import google_customer_match
-from cdp_assets.google.data_manager import data_manager_clients
-from cdp_assets.google.google_ads import google_ads_services
+from cdp_assets.google.data_manager import data_manager_clients, rejected_members
+from cdp_assets.google.google_ads import GoogleAdsAudiences, google_ads_services
 from cdp_assets.google.resources import GoogleResource
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.sandbox.google_grpc import GoogleSandbox
@@ -46,7 +48,7 @@ def url():
 @pytest.fixture(scope="module")
 def sandbox():
     os.environ[TOKEN_REF] = "dev-token"
-    with GoogleSandbox(running_polls=0) as google:
+    with GoogleSandbox(job_seconds=0) as google:
         yield google
 
 
@@ -292,6 +294,42 @@ def remove_on_google(sandbox: GoogleSandbox, platform: str, name: str) -> None:
         data_manager_clients(sandbox.address).user_lists.delete_user_list(name=name)
 
 
+def test_a_lost_data_manager_list_id_finds_the_list_by_name(instance, url, sandbox) -> None:
+    setup(url, "g_dm_lost", "google_data_manager", range(120), min_audience_size=10)
+    assert push(instance, url, sandbox, "g_dm_lost").success
+    name = user_list(url, "g_dm_lost_google")
+    lists = len(sandbox.user_lists())
+    with psycopg.connect(url) as conn:
+        conn.execute(
+            "UPDATE cdp.destination_audiences SET platform_audience_id = NULL"
+            " WHERE destination_id = 'g_dm_lost_google'"
+        )
+    assert push(instance, url, sandbox, "g_dm_lost").success
+    assert user_list(url, "g_dm_lost_google") == name
+    assert len(sandbox.user_lists()) == lists
+
+
+def test_a_google_ads_job_google_does_not_find_is_not_a_success(sandbox) -> None:
+    destination = Destination("g_nojob_google", "g_nojob", "google_ads", CUSTOMER)
+    platform = GoogleAdsAudiences(
+        destination, google_ads_services("dev-token", None, sandbox.address)
+    )
+    job = f"customers/{CUSTOMER}/offlineUserDataJobs/1"
+    verdict = platform.request_verdicts([job])[job]
+    assert verdict.failed == f"Google Ads has no job {job}"
+
+
+def test_a_data_manager_violation_outside_the_batch_names_no_member() -> None:
+    violations = [
+        error_details_pb2.BadRequest.FieldViolation(field=f"audience_members[{i}]", description=d)
+        for i, d in ((1, "bad hash"), (7, "not sent"))
+    ]
+    error = gexc.InvalidArgument(
+        "refused", details=[error_details_pb2.BadRequest(field_violations=violations)]
+    )
+    assert rejected_members(error, sent=2) == {1: "bad hash"}
+
+
 # What each API answers for a list that no longer exists.
 GONE = {
     "google_data_manager": "INVALID_USER_LIST_ID",
@@ -359,6 +397,44 @@ def test_with_recreation_off_a_removed_list_fails_until_reset(
     result = push(instance, url, sandbox, tenant_id)
     assert result.success and outcome(result)["added"] == 117
     assert held(sandbox, user_list(url, destination_id)) == expected_keys(tenant_id, range(130))
+
+
+def test_a_google_ads_job_of_seconds_is_picked_up_by_a_later_run_without_a_second_job(
+    instance, url
+) -> None:
+    """A job that takes its time (Google: 6 hours or more; here a few seconds): the push
+    runs it and returns, the runs while it works leave the audience waiting, however often
+    they read its status, and the first run after it ended confirms its members."""
+    job_seconds = 6.0
+    with GoogleSandbox(job_seconds=job_seconds) as slow:
+        setup(url, "g_slow", "google_ads", range(120), min_audience_size=10)
+        started = time.monotonic()
+        first = outcome(push(instance, url, slow, "g_slow"))
+        assert (first["added"], first["pending"]) == (108, 108)
+        name = user_list(url, "g_slow_google")
+        assert slow.members(name) == set()  # returned with the job still running
+
+        with psycopg.connect(url) as conn:
+            set_members(conn, "g_slow", range(20, 120))
+        while True:  # as many runs as fit in the job's time, each reading its status
+            waiting = outcome(push(instance, url, slow, "g_slow"))
+            assert waiting["status"] == "skipped" and "is still running" in waiting["reason"]
+            if time.monotonic() > started + job_seconds - 2.5:
+                break
+        assert len(slow.requests("CreateOfflineUserDataJob")) == 1
+        assert len(slow.requests("RunOfflineUserDataJob")) == 1
+
+        time.sleep(max(0.0, started + job_seconds - time.monotonic()) + 0.1)
+        done = outcome(push(instance, url, slow, "g_slow"))
+        assert (done["status"], done["removed"], done["pending"]) == ("synced", 18, 18)
+        assert {c.code.name for c in slow.requests("RunOfflineUserDataJob")} == {"OK"}
+        assert len(slow.requests("RunOfflineUserDataJob")) == 2
+        with psycopg.connect(url) as conn:
+            (confirmed,) = conn.execute(
+                "SELECT count(*) FROM cdp.destination_members"
+                " WHERE destination_id = 'g_slow_google' AND pending_request IS NULL"
+            ).fetchone()
+        assert confirmed == 90
 
 
 @pytest.mark.timeout(120)

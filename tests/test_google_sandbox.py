@@ -237,9 +237,9 @@ def error_code(error: GoogleAdsError) -> tuple[str, str]:
 
 @pytest.fixture(scope="module")
 def sandbox() -> Iterator[GoogleSandbox]:
-    """Data Manager requests processed by the next call (the asynchronous processing has its
-    own tests)."""
-    with GoogleSandbox(processing_seconds=0) as running:
+    """Data Manager requests processed by the next call, Google Ads jobs running for half a
+    second (the asynchronous processing and a job's time have their own tests)."""
+    with GoogleSandbox(processing_seconds=0, job_seconds=0.5) as running:
         yield running
 
 
@@ -725,7 +725,8 @@ def test_ads_customer_match_flow(sandbox: GoogleSandbox, ads: Ads):
 
     operation = ads.jobs.run_offline_user_data_job(resource_name=job, retry=None, timeout=TIMEOUT)
     assert sandbox.members(user_list) == set()  # applied when the job succeeds
-    assert job_row(ads, job).status.name == "RUNNING"  # the one RUNNING read
+    assert job_row(ads, job).status.name == "RUNNING"
+    sandbox.process_pending()  # the job's time passes
     assert operation.done(retry=None)
     assert sandbox.members(user_list) == {f"email:{good[0]}", f"email:{good[1]}"}
     operation.result(timeout=TIMEOUT)
@@ -1022,6 +1023,38 @@ def test_ads_a_second_job_cannot_run_on_a_list_while_one_runs(ads: Ads):
     ]
     running.result(timeout=TIMEOUT)
     ads.jobs.run_offline_user_data_job(resource_name=second, retry=None, timeout=TIMEOUT)
+
+
+def test_ads_a_job_runs_for_its_time_however_often_its_status_is_read():
+    """A job takes time, not status reads: "Offline user data jobs may take 6 hours or more to
+    complete" (google-ads-python, examples/remarketing/add_customer_match_user_list.py); a
+    few seconds here."""
+    seconds = 3.0
+    with GoogleSandbox(job_seconds=seconds) as slow:
+        client = ads_clients(slow.address)
+        user_list = create_ads_list(client)
+        first, second = create_job(client, user_list), create_job(client, user_list)
+        add_operations(client, first, [create_op(sha("one@example.com"))])
+        add_operations(client, second, [create_op(sha("two@example.com"))])
+        run = client.jobs.run_offline_user_data_job(resource_name=first, retry=None)
+        started = time.monotonic()
+        reads = 0
+        while time.monotonic() < started + seconds - 1.0:
+            assert job_row(client, first).status.name == "RUNNING"
+            assert not run.done(retry=None)
+            reads += 1
+        assert reads > 20 and slow.members(user_list) == set()
+        with pytest.raises(GoogleAdsException) as raised:
+            client.jobs.run_offline_user_data_job(resource_name=second, retry=None)
+        assert error_code(raised.value.failure.errors[0]) == (
+            "database_error",
+            "CONCURRENT_MODIFICATION",
+        )
+        time.sleep(max(0.0, started + seconds - time.monotonic()) + 0.1)
+        assert job_row(client, first).status.name == "SUCCESS"
+        assert run.done(retry=None)
+        assert slow.members(user_list) == {f"email:{sha('one@example.com')}"}
+        client.channel.close()
 
 
 def dm_status(client: DataManager, request_id: str) -> dm.RequestStatusPerDestination:

@@ -463,7 +463,7 @@ def story(warehouse_url: str, instance: dg.DagsterInstance) -> Iterator[Story]:
     with (
         SandboxProcess(list(STORES.values())) as vtex,
         MetaSandbox(tokens) as meta,
-        GoogleSandbox(running_polls=0, processing_seconds=0) as google,
+        GoogleSandbox(job_seconds=0, processing_seconds=0) as google,
         psycopg.connect(warehouse_url) as conn,
     ):
         env = {

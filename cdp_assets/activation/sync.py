@@ -59,6 +59,10 @@ class BatchResult:
     rejected: dict[int, str] = field(default_factory=dict)
     requests: int = 1
     pending: list[tuple[str, int]] = field(default_factory=list)
+    # A replace that removes what the platform lists (VTEX collections, whose member key is
+    # the row's key): the members it could not remove, with why. The platform still holds
+    # them, so the state keeps them, to be removed by the next sync.
+    unremoved: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -854,7 +858,11 @@ def _replace(
         requests.append(_new_request(conn, key, run, "add", request_id))
         start += count
     rejected = sorted(result.rejected)
-    conn.execute(f"DELETE FROM cdp.destination_members WHERE {_STATE}", key)
+    conn.execute(
+        f"DELETE FROM cdp.destination_members WHERE {_STATE}"
+        " AND member_key <> ALL(%(unremoved)s::text[])",
+        {**key, "unremoved": list(result.unremoved)},
+    )
     # Rows are numbered as they were sent (by member key), then the accepted ones again, as
     # the pending requests count them.
     conn.execute(
@@ -894,9 +902,16 @@ def _replace(
                 "reasons": [result.rejected[i] for i in rejected],
             },
         )
+    if result.unremoved:
+        with conn.cursor() as cur:
+            cur.executemany(
+                "INSERT INTO cdp.activation_rejects"
+                " (activation_run_id, member_key, operation, reason) VALUES (%s, %s, 'remove', %s)",
+                [(run, member_key, reason) for member_key, reason in result.unremoved.items()],
+            )
     conn.commit()
     outcome.added = outcome.desired - len(rejected)
-    outcome.rejected += len(rejected)
+    outcome.rejected += len(rejected) + len(result.unremoved)
     outcome.requests += result.requests
 
 

@@ -14,7 +14,21 @@ a subcollection in quick succession, removed products kept until reindexed):
 - fast successive "add SKU to subcollection" calls deadlock (known issue): ``deadlock_rate``
   of SKU writes are answered 500 with the database's deadlock message, the write undone;
 - the products listing is read from the search index, which lags writes: a write shows in
-  it only ``listing_lag_seconds`` later.
+  it only ``listing_lag_seconds`` later;
+- ``GET /api/catalog_system/pvt/collection/search`` (every collection) and
+  ``.../search/{searchTerms}`` (the collections "related to" the terms) page their answer as
+  the spec's "Get all collections" and "Get collections by search terms" do: ``{paging: {page,
+  perPage, total, pages, limit}, items: [{id, name, searchable, highlight, dateFrom, dateTo,
+  totalSku, totalProducts, type, lastModifiedBy}]}``; page, pageSize and orderByAsc are
+  required by the first, optional by the second. Both were removed from the spec as
+  deprecated on 2025-06-26 (vtex/openapi-schemas commits e4c7a222 and c32abe9e, whose parents
+  hold them). The sandbox's choices where the spec says nothing: a collection is related to
+  the terms when its name holds one of their words (case-insensitive), items go by id
+  (descending when orderByAsc is false), pageSize defaults to 20 and is cut to ``limit``, and the
+  listing reads the collections themselves, without the products listing's lag (VTEX
+  documents none);
+- ``refused_skus`` (a test's fault, no documented VTEX behaviour): writes of these SKUs to a
+  subcollection are answered 404.
 """
 
 from __future__ import annotations
@@ -23,6 +37,7 @@ import itertools
 import math
 import random
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -43,6 +58,8 @@ COLLECTION_REQUIRED = (
     "Type",
 )
 SUBCOLLECTION_REQUIRED = ("CollectionId", "Name", "Type", "PreSale", "Release")
+SEARCH_LIMIT = 3000  # the spec's paging "limit": items displayed on a page at most
+SEARCH_PAGE_SIZE = 20  # the "search by terms" example's perPage
 DEADLOCK_MESSAGE = (
     "Transaction (Process ID 71) was deadlocked on lock resources with another process and"
     " has been chosen as the deadlock victim. Rerun the transaction."
@@ -96,6 +113,18 @@ def _flag(body: dict[str, Any], key: str, default: bool) -> bool:
     return value
 
 
+def _query_int(params: Mapping[str, str], name: str, default: int | None) -> int:
+    value = params.get(name)
+    if value is None:
+        if default is None:
+            raise ValueError(f"query parameter {name} is required")
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"query parameter {name} must be an integer") from None
+
+
 def _object(body: Any) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise ValueError("body must be a JSON object")
@@ -113,12 +142,20 @@ class Collections:
         self._subcollection_ids = itertools.count(5001)
         self.deadlock_rate = 0.0
         self.listing_lag_seconds = 0.0
+        self.refused_skus: frozenset[int] = frozenset()
         self._random = random.Random(0)
 
-    def configure(self, deadlock_rate: float, listing_lag_seconds: float, seed: int) -> None:
+    def configure(
+        self,
+        deadlock_rate: float,
+        listing_lag_seconds: float,
+        seed: int,
+        refused_skus: frozenset[int] = frozenset(),
+    ) -> None:
         if not 0.0 <= deadlock_rate < 1.0 or listing_lag_seconds < 0:
             raise ValueError("deadlock_rate must be from 0 to below 1, listing_lag_seconds >= 0")
         self.deadlock_rate, self.listing_lag_seconds = deadlock_rate, listing_lag_seconds
+        self.refused_skus = refused_skus
         self._random = random.Random(seed)
 
     def create(self, body: Any) -> dict[str, Any]:
@@ -139,6 +176,54 @@ class Collections:
         collection = self._collection(collection_id)
         products = {row["ProductId"] for row in self._members(collection)}
         return {**collection.document, "TotalProducts": len(products)}
+
+    def search(self, terms: str | None, params: Mapping[str, str]) -> dict[str, Any]:
+        """A page of the collections related to `terms` (every collection without), as the
+        query parameters ask for it."""
+        page = _query_int(params, "page", None if terms is None else 1)
+        page_size = _query_int(params, "pageSize", None if terms is None else SEARCH_PAGE_SIZE)
+        ascending = params.get("orderByAsc", None if terms is None else "true")
+        if ascending not in ("true", "false"):
+            raise ValueError("query parameter orderByAsc must be true or false")
+        if page < 1 or page_size < 1:
+            raise ValueError("page and pageSize must be >= 1")
+        words = (terms or "").lower().split()
+        found = sorted(
+            (
+                collection_id
+                for collection_id, collection in self._collections.items()
+                if not words or any(w in collection.document["Name"].lower() for w in words)
+            ),
+            reverse=ascending == "false",
+        )
+        size = min(page_size, SEARCH_LIMIT)
+        start = (page - 1) * size
+        return {
+            "paging": {
+                "page": page,
+                "perPage": size,
+                "total": len(found),
+                "pages": math.ceil(len(found) / size),
+                "limit": SEARCH_LIMIT,
+            },
+            "items": [self._search_item(c) for c in found[start : start + size]],
+        }
+
+    def _search_item(self, collection_id: int) -> dict[str, Any]:
+        collection = self._collections[collection_id]
+        document, members = collection.document, self._members(collection)
+        return {
+            "id": collection_id,
+            "name": document["Name"],
+            "searchable": document["Searchable"],
+            "highlight": document["Highlight"],
+            "dateFrom": document["DateFrom"],
+            "dateTo": document["DateTo"],
+            "totalSku": len(members),
+            "totalProducts": len({row["ProductId"] for row in members}),
+            "type": document["Type"],
+            "lastModifiedBy": None,
+        }
 
     def delete(self, collection_id: int) -> None:
         collection = self._collection(collection_id)
@@ -180,6 +265,7 @@ class Collections:
             raise ValueError("SkuId must be an integer")
         if self._store.sku_row(sku_id) is None:
             raise ValueError(f"SKU {sku_id} does not exist")
+        self._refuse(sku_id)
         self._maybe_deadlock()
         if sku_id in subcollection.skus:
             raise AlreadyThere(f"SKU {sku_id} is already in subcollection {sub_id}")
@@ -189,6 +275,7 @@ class Collections:
 
     def remove_sku(self, sub_id: int, sku_id: int) -> None:
         subcollection = self._subcollection(sub_id)
+        self._refuse(sku_id)
         self._maybe_deadlock()
         subcollection.skus.pop(sku_id, None)
         subcollection.indexing.append((time.monotonic(), sku_id, False))
@@ -197,6 +284,10 @@ class Collections:
         subcollection = self._subcollection(sub_id)
         self._collections[subcollection.document["CollectionId"]].subcollections.remove(sub_id)
         del self._subcollections[sub_id]
+
+    def _refuse(self, sku_id: int) -> None:
+        if sku_id in self.refused_skus:
+            raise NotFound(f"SKU {sku_id} not found")
 
     def _maybe_deadlock(self) -> None:
         if self.deadlock_rate and self._random.random() < self.deadlock_rate:

@@ -29,10 +29,13 @@ Behaviour worth knowing:
   with ``offline_user_data_job_error = INVALID_USER_LIST_ID`` (as for a list that never
   existed), GAQL no longer returns it and its name is free. UNVERIFIED against the live API:
   which error a removed list gets, whether GAQL still lists it, whether its name is reused.
-* A run job reports RUNNING for ``running_polls`` status reads (GetOperation or a GAQL search
-  returning it), then SUCCESS; with ``running_polls=0`` the run's own response is already done.
-  Its operations reach the list when it succeeds. Jobs "can take hours" and it is "far more
-  efficient to create a single large job than several smaller jobs"
+* A run job is RUNNING for ``job_seconds`` after its run, however often its status is read
+  (GetOperation or a GAQL search), then SUCCESS; with ``job_seconds=0`` the run's own response
+  is already done. Its operations reach the list when it succeeds. Google's examples say
+  "Offline user data jobs may take 6 hours or more to complete, so checking the status
+  periodically, instead of waiting, can be more efficient" (google-ads-python,
+  examples/remarketing/add_customer_match_user_list.py), jobs "can take hours" and it is "far
+  more efficient to create a single large job than several smaller jobs"
   (https://developers.google.com/google-ads/api/docs/remarketing/audience-segments/customer-match/get-started);
   running a second job on a list while one is RUNNING fails with
   ``database_error = CONCURRENT_MODIFICATION`` (the common-errors guide,
@@ -149,7 +152,6 @@ class _Job:
     status: str = "PENDING"
     kind: str | None = None  # "create" or "remove" once the job has either
     staged: list[tuple[str, str | None]] = field(default_factory=list)
-    running_polls_left: int = 0
 
     @property
     def resource_name(self) -> str:
@@ -208,11 +210,11 @@ def _is_sha256(value: str) -> bool:
 class GoogleAdsApi:
     """Handlers for the Google Ads services over the shared :class:`AudienceStore`."""
 
-    def __init__(self, store: AudienceStore, running_polls: int) -> None:
-        if running_polls < 0:
-            raise ValueError("running_polls must be >= 0")
+    def __init__(self, store: AudienceStore, job_seconds: float) -> None:
+        if job_seconds < 0:
+            raise ValueError("job_seconds must be >= 0")
         self.store = store
-        self.running_polls = running_polls
+        self.job_seconds = job_seconds
         self._jobs: dict[int, _Job] = {}
         self._job_ids = itertools.count(7_200_000_001)
 
@@ -562,20 +564,12 @@ class GoogleAdsApi:
                 raise failure(grpc.StatusCode.INVALID_ARGUMENT, [error], call)
             if request.validate_only:
                 return operations_pb2.Operation(name=job.operation_name, done=True)
-            job.running_polls_left = self.running_polls
             job.status = "RUNNING"
-            if not self.running_polls:
+            if self.job_seconds:
+                self.store.schedule(self.job_seconds, lambda: self._complete(job))
+            else:
                 self._complete(job)
             return self._operation(job)
-
-    def _observe(self, job: _Job) -> None:
-        """A status read of a RUNNING job: count it down, then let the job finish."""
-        if job.status != "RUNNING":
-            return
-        if job.running_polls_left > 0:
-            job.running_polls_left -= 1
-        else:
-            self._complete(job)
 
     def _complete(self, job: _Job) -> None:
         """The job's operations reach the list; a list removed meanwhile fails the job."""
@@ -600,7 +594,6 @@ class GoogleAdsApi:
                 _raise_request_error(
                     "RESOURCE_NOT_FOUND", f"Operation {request.name!r} not found.", call
                 )
-            self._observe(job)
             return self._operation(job)
 
     def _operation(self, job: _Job) -> operations_pb2.Operation:
@@ -656,10 +649,6 @@ class GoogleAdsApi:
                 row = self._row(candidate)
                 if not all(_value(row, path) == literal for path, literal in conditions):
                     continue
-                if isinstance(candidate, _Job):
-                    # Only jobs the caller actually reads count as status polls.
-                    self._observe(candidate)
-                    row = self._row(candidate)
                 selected = _ROW()
                 field_mask_pb2.FieldMask(
                     paths=[*mask.paths, f"{resource}.resource_name"]

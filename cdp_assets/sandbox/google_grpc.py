@@ -81,10 +81,10 @@ class GoogleSandbox:
 
     ``match_rate_percent`` drives every reported match rate (Data Manager
     ``upload_match_rate_range`` / ``match_rate_percentage``, Ads job ``match_rate_range`` and
-    list ``match_rate_percentage``); list sizes are the member counts. ``running_polls`` is how
-    many status reads see a run Ads job RUNNING before it reports SUCCESS;
+    list ``match_rate_percentage``); list sizes are the member counts. ``job_seconds`` is how
+    long a run Ads job stays RUNNING before it reports SUCCESS (Google: 6 hours or more);
     ``processing_seconds`` how long after its acknowledgement a Data Manager request is
-    processed (Google: 30 minutes to 24 hours; tests move time on with ``process_pending``).
+    processed (Google: 30 minutes to 24 hours); tests move time on with ``process_pending``.
     ``clock`` stamps member add times (Data Manager ``remove_as_of_time`` compares against it).
     """
 
@@ -92,7 +92,7 @@ class GoogleSandbox:
         self,
         *,
         match_rate_percent: int = 72,
-        running_polls: int = 1,
+        job_seconds: float = 0.2,
         processing_seconds: float = 0.2,
         clock: Callable[[], float] = time.time,
         max_workers: int = 8,
@@ -102,7 +102,7 @@ class GoogleSandbox:
         self._faults = FaultQueue()
         self._apis = (
             DataManagerApi(self._store, processing_seconds),
-            GoogleAdsApi(self._store, running_polls),
+            GoogleAdsApi(self._store, job_seconds),
         )
         self._methods = frozenset(rpc.method for api in self._apis for rpc in api.rpcs())
         self._max_workers = max_workers
@@ -180,7 +180,8 @@ class GoogleSandbox:
             self._store.failing_in_processing = frozenset(values)
 
     def process_pending(self) -> None:
-        """Let the time pass: every acknowledged Data Manager request is processed now."""
+        """Let the time pass: every acknowledged Data Manager request is processed and every
+        running Google Ads job finishes now."""
         self._store.process_due(everything=True)
 
     def refuse(self, values: Iterable[str]) -> None:

@@ -362,7 +362,7 @@ def _build(warehouse_url: str, instance: dg.DagsterInstance) -> Pipeline:
         _captured(pipeline),
         SandboxProcess(list(STORES.values())) as vtex,
         MetaSandbox({meta_tokens[t]: [META_ACCOUNTS[t]] for t in STORES}) as meta,
-        GoogleSandbox(running_polls=0) as google,
+        GoogleSandbox(job_seconds=0) as google,
         psycopg.connect(warehouse_url) as conn,
     ):
         env = {

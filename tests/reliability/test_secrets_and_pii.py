@@ -175,7 +175,7 @@ def provoke_failures(
     results.append(push(meta_custom_audiences, "iso_a", instance, warehouse, meta=unreachable))
     # A token Meta refuses.
     monkeypatch.setenv("META_ISO_B_TOKEN", wrong["refused Meta token"])
-    with MetaSandbox({}) as meta, GoogleSandbox(running_polls=0) as google:
+    with MetaSandbox({}) as meta, GoogleSandbox(job_seconds=0) as google:
         resource = MetaResource(graph_url=meta.graph_url, retry_base_seconds=0.01)
         results.append(push(meta_custom_audiences, "iso_b", instance, warehouse, meta=resource))
         # An error quoting the (right) token.
