@@ -23,7 +23,7 @@ from cdp_assets.vtex.jobs import ORDERS_SYNC_JOB
 # About two minutes on an idle 2-core machine; the first test also pays for the module's run.
 pytestmark = pytest.mark.timeout(900)
 
-STAGES = ("write_path", "ingestion", "analytics", "activation", "increment")
+STAGES = ("write_path", "ingestion", "analytics", "activation", "masterdata", "increment")
 SMALL = SCALES["small"]
 DBT_MODELS = {path.stem for path in (DBT_PROJECT_DIR / "models").rglob("*.sql")}
 
@@ -56,7 +56,13 @@ def test_every_stage_reports_time_rate_memory_and_size(small):
 def test_counts_agree_with_the_sandbox(small):
     report, _ = small
     checks = report["consistency"]
-    assert {c["stage"] for c in checks} == {"ingestion", "analytics", "activation", "increment"}
+    assert {c["stage"] for c in checks} == {
+        "ingestion",
+        "analytics",
+        "activation",
+        "masterdata",
+        "increment",
+    }
     assert [c for c in checks if not c["ok"]] == []
     stages = report["stages"]
     assert stages["ingestion"]["records_received"]["vtex_orders"] == SMALL.orders
@@ -193,6 +199,24 @@ def test_activation_pushes_then_resyncs_unchanged(small):
     for pushes in destinations.values():
         assert pushes["first_push"]["added"] > 0
         assert pushes["unchanged_resync"]["unchanged"] == pushes["first_push"]["added"]
+
+
+def test_masterdata_writes_every_tenants_fields_within_the_budget_then_nothing(small):
+    """The first write lands every customer's CL fields, paced by each account's budget (the
+    sandbox refusing what goes over it); the unchanged re-run writes nothing."""
+    report, folder = small
+    masterdata = report["stages"]["masterdata"]
+    first, rerun = masterdata["first_write"], masterdata["unchanged_rerun"]
+    assert first["added"] == first["desired"] > 0 and first["rejected"] == 0
+    assert first["patch_requests"] >= first["added"]  # one PATCH each, plus any throttled
+    assert first["requests_sent"] > first["patch_requests"]  # the existence searches too
+    # Paced: no account sends more than a second's burst over its rate.
+    rate = masterdata["client_requests_per_second"]
+    assert first["requests_sent"] <= SMALL.tenants * rate * (first["seconds"] + 1)
+    assert first["throttled_429"] >= 0
+    assert rerun["unchanged"] == first["added"]
+    assert (rerun["added"], rerun["removed"], rerun["patch_requests"]) == (0, 0, 0)
+    assert "**Master Data write-back**" in (folder / "summary.md").read_text()
 
 
 def test_targets_are_judged_and_seed_targets_marked_not_applicable(small):

@@ -18,8 +18,10 @@ import pytest
 from support import HISTORY_START, run_dbt
 from test_cdnow_models import cdnow_orders
 
+from cdp_assets.analytics import clv
 from cdp_assets.analytics.assets import AS_OF_ENV, as_of_day
 from cdp_assets.analytics.clv_scorecard_asset import CHECK_NAME, clv_scorecard
+from cdp_assets.analytics.prediction_assets import holdout_predictions
 from cdp_assets.lib.environ import temporary_environment
 from cdp_assets.lib.upsert import upsert_documents
 from cdp_assets.lib.warehouse import WarehouseResource
@@ -108,11 +110,13 @@ def build_holdout_summary(warehouse_url: str, tenant_ids: list[str], as_of: str,
     )  # fmt: skip
 
 
-def score(instance, tenant_id: str, as_of: str) -> dg.ExecuteInProcessResult:
+def score(instance, tenant_id: str, as_of: str, fit: bool = True) -> dg.ExecuteInProcessResult:
+    """The churn holdout's fit, then its scorecard, as the weekly refresh runs them; or the
+    scorecard alone (`fit` False)."""
     instance.add_dynamic_partitions("tenants", [tenant_id])
     with temporary_environment({AS_OF_ENV: as_of}):
         return dg.materialize(
-            [clv_scorecard],
+            [holdout_predictions, clv_scorecard] if fit else [clv_scorecard],
             partition_key=tenant_id,
             instance=instance,
             resources={"warehouse": WarehouseResource()},
@@ -137,7 +141,9 @@ def check_result(result: dg.ExecuteInProcessResult) -> dg.AssetCheckEvaluation:
 
 
 def materialization(result: dg.ExecuteInProcessResult) -> dict:
-    (event,) = result.get_asset_materialization_events()
+    (event,) = [
+        e for e in result.get_asset_materialization_events() if e.asset_key == clv_scorecard.key
+    ]
     return {k: v.value for k, v in event.materialization.metadata.items()}
 
 
@@ -252,3 +258,47 @@ def test_a_rerun_on_the_same_calibration_date_replaces_its_row(stores, conn, ins
         "SELECT count(*) FROM analytics_python.clv_scorecard_customers WHERE tenant_id = 'sc_cdnow'"
     ).fetchone()
     assert customers == 2357
+
+
+def test_the_scorecard_scores_the_fit_the_holdout_recorded_and_fits_nothing(stores, conn, instance):
+    """Parameters changed in the holdout's recorded fit change the scorecard's predictions
+    exactly as they predict: the scorecard reads the fit rather than fitting again."""
+    conn.execute(
+        "UPDATE analytics_python.clv_fits SET bgnbd_r = 2 * bgnbd_r"
+        " WHERE tenant_id = 'sc_cdnow' AND as_of = '1997-09-30'"
+    )
+    conn.commit()
+    params = clv.BgNbdParams(
+        *conn.execute(
+            "SELECT bgnbd_r, bgnbd_alpha, bgnbd_a, bgnbd_b FROM analytics_python.clv_fits"
+            " WHERE tenant_id = 'sc_cdnow' ORDER BY fitted_at DESC LIMIT 1"
+        ).fetchone()
+    )
+    x, t_x, T = np.array(
+        conn.execute(
+            "SELECT coalesce(frequency_x, 0), coalesce(recency_t_x_days, 0), age_t_days"
+            " FROM intermediate.int_customers__holdout_summary WHERE tenant_id = 'sc_cdnow'"
+        ).fetchall(),
+        dtype=np.float64,
+    ).T
+    before = scorecard_row(conn, "sc_cdnow")
+    fits = conn.execute("SELECT count(*) FROM analytics_python.clv_fits").fetchone()
+
+    result = score(instance, "sc_cdnow", "1998-06-30", fit=False)
+
+    assert conn.execute("SELECT count(*) FROM analytics_python.clv_fits").fetchone() == fits
+
+    after = scorecard_row(conn, "sc_cdnow")
+    expected = float(clv.expected_purchases(params, 273, x, t_x, T).sum())
+    assert after["predicted_purchases"] == pytest.approx(expected, rel=1e-9)
+    assert after["predicted_purchases"] > 1.1 * before["predicted_purchases"]
+    assert check_result(result).metadata["not_scored_without_holdout_fit"].value == "none"
+
+    conn.execute("DELETE FROM analytics_python.clv_fits WHERE tenant_id = 'sc_cdnow'")
+    conn.commit()
+    unfitted = score(instance, "sc_cdnow", "1998-06-30", fit=False)
+
+    assert scorecard_row(conn, "sc_cdnow")["computed_at"] == after["computed_at"]  # untouched
+    evaluation = check_result(unfitted)
+    assert evaluation.passed is False
+    assert "sc_cdnow" in evaluation.metadata["not_scored_without_holdout_fit"].value

@@ -26,7 +26,7 @@ from cdp_assets.sandbox import SandboxProcess, StoreSpec, credentials_for
 from cdp_assets.sandbox.audience_warehouse import CUSTOMERS, activation_warehouse
 from cdp_assets.vtex.assets import vtex_masterdata_fields
 
-ACCOUNTS = ("mdfirst", "mdchange", "mdguard", "mdgate", "mdcheck", "mdspec")
+ACCOUNTS = ("mdfirst", "mdchange", "mdguard", "mdgate", "mdcheck", "mdspec", "mddeleted")
 CUSTOMER_COUNT = 30
 WITHOUT_DOCUMENT = 4  # the last customers have no CL document
 FIELDS = {"cdpSegment": "Varchar 50", "cdpClvTier": "Varchar 10", "cdpChurnBand": "Varchar 10"}
@@ -203,6 +203,42 @@ def test_a_change_of_segment_writes_only_those_customers(instance, url, sandbox)
     assert all(after[documents[i]]["cdpSegment"].endswith("_moved") for i in moved)
 
 
+def api_session(account: str) -> requests.Session:
+    key, token = credentials_for(account)
+    session = requests.Session()
+    session.headers.update({"X-VTEX-API-AppKey": key, "X-VTEX-API-AppToken": token})
+    return session
+
+
+def test_a_document_deleted_in_the_store_is_rejected_not_created(instance, url, sandbox) -> None:
+    add_fields(sandbox, "mddeleted", [*FIELDS, UPDATED_AT])
+    documents = setup(url, sandbox, "mddeleted")
+    gone = documents[3:5]
+    session = api_session("mddeleted")
+    base = sandbox.account_url("mddeleted") + "/api/dataentities/CL/documents"
+    for document_id in gone:  # deleted in VTEX after ingestion read them
+        assert session.delete(f"{base}/{document_id}", timeout=10).status_code == 204
+        assert session.get(f"{base}/{document_id}", timeout=10).status_code == 404
+
+    result = write(instance, url, sandbox, "mddeleted")
+
+    row = outcome(result)
+    kept = [d for d in documents if d not in gone]
+    assert (row["status"], row["added"], row["rejected"]) == ("synced", len(kept), len(gone))
+    state = written(sandbox, "mddeleted")
+    assert state["created"] == []  # no document made anew
+    assert set(state["values"]) == set(kept)
+    assert patches(sandbox, "mddeleted") == len(kept)
+    with psycopg.connect(url) as conn:
+        rejects = conn.execute(
+            "SELECT r.member_key, r.reason FROM cdp.activation_rejects r"
+            " JOIN cdp.activation_runs a USING (activation_run_id)"
+            " WHERE a.destination_id = 'mddeleted_md'"
+        ).fetchall()
+    assert {key for key, _ in rejects} == set(gone)
+    assert all("no longer exists in the store" in reason for _, reason in rejects)
+
+
 def test_the_guard_refuses_a_mass_change_until_forced(instance, url, sandbox) -> None:
     add_fields(sandbox, "mdguard", [*FIELDS, UPDATED_AT])
     documents = setup(url, sandbox, "mdguard", max_removal_share=0.5)
@@ -297,9 +333,7 @@ def test_check_reports_a_missing_field_and_how_to_create_it(
 def test_the_sandbox_validates_partial_updates_as_master_data_does(sandbox) -> None:
     add_fields(sandbox, "mdspec", ["cdpSegment"])
     (document_id, *_) = [d["key"] for d in sandbox.export("mdspec", "customers", "id")]
-    key, token = credentials_for("mdspec")
-    session = requests.Session()
-    session.headers.update({"X-VTEX-API-AppKey": key, "X-VTEX-API-AppToken": token})
+    session = api_session("mdspec")
     base = sandbox.account_url("mdspec") + "/api/dataentities/CL"
 
     def patch(body: object) -> requests.Response:

@@ -30,7 +30,7 @@ from numpy.typing import ArrayLike, NDArray
 from scipy.stats import spearmanr
 
 from cdp_assets.analytics import clv
-from cdp_assets.analytics.predictions import Predictions
+from cdp_assets.analytics.predictions import Fit
 
 FloatArray = NDArray[np.float64]
 
@@ -161,7 +161,7 @@ def beats(model: Accuracy, naive: Accuracy) -> bool:
 
 
 def score_holdout(
-    fitted: Predictions,
+    fitted: Fit,
     x: ArrayLike,
     t_x: ArrayLike,
     T: ArrayLike,
@@ -182,8 +182,8 @@ def score_holdout(
     model_purchases = model_spend = purchases = spend = None
     deciles: tuple[Decile, ...] = ()
     if fitted.bgnbd is not None and fitted.gamma_gamma is not None:
-        purchases = clv.expected_purchases(fitted.bgnbd.params, holdout_days, x, t_x, T)
-        spend = purchases * clv.expected_spend(fitted.gamma_gamma.params, x, m_x)
+        purchases = clv.expected_purchases(fitted.bgnbd, holdout_days, x, t_x, T)
+        spend = purchases * clv.expected_spend(fitted.gamma_gamma, x, m_x)
         model_purchases, model_spend = accuracy(purchases, bought), accuracy(spend, spent)
         deciles = _deciles((purchases, spend), (bought, spent), naive)
     return Scorecard(

@@ -4,6 +4,10 @@ scored on each customer's purchases since (`clv_scorecard.py`), written to
 `analytics_python.clv_scorecard_deciles` and `analytics_python.clv_scorecard_customers` (the
 latest per tenant).
 
+The fit is the one `holdout_predictions` made and recorded in `analytics_python.clv_fits` in
+the same refresh: the model is fitted once per holdout, and what is scored is what the churn
+bands of the holdout were computed with. A tenant without that fit is not scored, and named.
+
 Activation reads the latest `beats_baseline` per tenant before it targets a tier or audience
 derived from CLV."""
 
@@ -24,9 +28,10 @@ from cdp_assets.analytics.assets import (
     refresh_started,
     run_tenants,
 )
+from cdp_assets.analytics.clv import BgNbdParams, GammaGammaParams
 from cdp_assets.analytics.clv_scorecard import Accuracy, Scorecard, score_holdout
-from cdp_assets.analytics.prediction_assets import FitInputs, read_fit_inputs
-from cdp_assets.analytics.predictions import predict
+from cdp_assets.analytics.prediction_assets import FitInputs, holdout_predictions, read_fit_inputs
+from cdp_assets.analytics.predictions import Fit
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.partitions import tenants
 
@@ -47,7 +52,31 @@ SELECT summary.customer_key, count(DISTINCT purchases.order_date),
  GROUP BY summary.customer_key
 """
 
+# The newest fit on the holdout's summary as of the calibration date: this refresh's.
+HOLDOUT_FIT_SQL = """
+SELECT model, fallback_reason, bgnbd_r, bgnbd_alpha, bgnbd_a, bgnbd_b, gg_p, gg_q, gg_gamma
+  FROM analytics_python.clv_fits
+ WHERE tenant_id = %s AND as_of = %s AND summary_model = %s
+ ORDER BY fitted_at DESC
+ LIMIT 1
+"""
+
 _ACCURACY_COLUMNS = ("mae", "bias", "rank_correlation", "top_decile_share")
+
+
+def holdout_fit(conn: psycopg.Connection, inputs: FitInputs) -> Fit | None:
+    """The fit `holdout_predictions` recorded for the tenant as of the calibration date (the
+    models' parameters, or none where it fell back to the heuristic, which is not scored);
+    None when it has recorded none."""
+    row = conn.execute(
+        HOLDOUT_FIT_SQL, (inputs.tenant_id, inputs.as_of, HOLDOUT_SUMMARY_MODEL)
+    ).fetchone()
+    if row is None:
+        return None
+    model, fallback_reason, *bgnbd, p, q, gamma = row
+    if fallback_reason is not None or None in (*bgnbd, p, q, gamma):
+        return Fit(model, fallback_reason=fallback_reason)
+    return Fit(model, BgNbdParams(*bgnbd), GammaGammaParams(p, q, gamma))
 
 
 def holdout_actuals(
@@ -68,15 +97,19 @@ def score_tenants(
     writer: psycopg.Connection,
     tenant_ids: Sequence[str],
     holdout_end: date,
-) -> list[tuple[str, date, Scorecard]]:
-    """Score each tenant with customers as of its calibration date and record its scorecard
-    (replacing one of the same date); committed tenant by tenant."""
-    scored = []
+) -> tuple[list[tuple[str, date, Scorecard]], list[str]]:
+    """Score each tenant with customers as of its calibration date on the holdout's fit and
+    record its scorecard (replacing one of the same date), committed tenant by tenant; and
+    the tenants left unscored for want of that fit."""
+    scored, unfitted = [], []
     for inputs in read_fit_inputs(reader, HOLDOUT_SUMMARY_MODEL, tenant_ids):
         if inputs.as_of is None:
             continue
+        fitted = holdout_fit(writer, inputs)
+        if fitted is None:
+            unfitted.append(inputs.tenant_id)
+            continue
         bought, spent = holdout_actuals(writer, inputs, holdout_end)
-        fitted = predict(inputs.x, inputs.t_x, inputs.T, inputs.m_x, inputs.spend_per_day)
         days = (holdout_end - inputs.as_of).days
         card = score_holdout(
             fitted, inputs.x, inputs.t_x, inputs.T, inputs.m_x, bought, spent, days
@@ -84,7 +117,7 @@ def score_tenants(
         _record(writer, inputs, card, bought, spent)
         writer.commit()
         scored.append((inputs.tenant_id, inputs.as_of, card))
-    return scored
+    return scored, unfitted
 
 
 def _accuracy_values(accuracy: Accuracy | None) -> list:
@@ -173,6 +206,10 @@ def _replace_customers(
             copy.write_row((inputs.tenant_id, inputs.as_of, *row))
 
 
+def _listed(tenant_ids: list[str]) -> dg.MetadataValue:
+    return dg.MetadataValue.md("\n".join(f"- {t}" for t in tenant_ids) or "none")
+
+
 def _figures(card: Scorecard) -> dict:
     """Numbers plotted over time when the run is one tenant's."""
     figures: dict = {
@@ -231,15 +268,17 @@ def _tenants_table(scored: list[tuple[str, date, Scorecard]]) -> str:
 @dg.asset(
     name="clv_scorecard",
     description="""How well CLV predicts, per tenant: the BG/NBD + Gamma-Gamma fit as of the
-    churn holdout's calibration date against each customer's purchase days and spend since,
-    beside a naive baseline (the customer's past rate carried forward): error, bias, rank
-    correlation, the top decile's share and a calibration table by decile. Weekly, with the
-    churn holdout; `beats_baseline` gates what activation derives from CLV.""",
+    churn holdout's calibration date (holdout_predictions', fitted once) against each
+    customer's purchase days and spend since, beside a naive baseline (the customer's past
+    rate carried forward): error, bias, rank correlation, the top decile's share and a
+    calibration table by decile. Weekly, with the churn holdout; `beats_baseline` gates what
+    activation derives from CLV.""",
     partitions_def=tenants,
     backfill_policy=dg.BackfillPolicy.single_run(),
     deps=[
         get_asset_key_for_model([dbt_holdout_summary], HOLDOUT_SUMMARY_MODEL),
         get_asset_key_for_model([dbt_tenant_models], "int_orders__purchases"),
+        holdout_predictions,
     ],
     group_name="marts",
     kinds={"python", "scipy", "postgres"},
@@ -249,7 +288,8 @@ def _tenants_table(scored: list[tuple[str, date, Scorecard]]) -> str:
             CHECK_NAME,
             asset="clv_scorecard",
             description="The CLV model predicts the holdout better than the naive baseline"
-            " (warns, per tenant of the run, when it does not).",
+            " (warns, per tenant of the run, when it does not, or when the holdout's fit was"
+            " missing and the tenant was not scored).",
         )
     ],
 )
@@ -258,17 +298,16 @@ def clv_scorecard(
 ) -> dg.MaterializeResult:
     holdout_end = date.fromisoformat(as_of_day(refresh_started(context)))
     with warehouse.connect() as reader, warehouse.connect() as writer:
-        scored = score_tenants(reader, writer, run_tenants(context), holdout_end)
+        scored, unfitted = score_tenants(reader, writer, run_tenants(context), holdout_end)
     failing = [tenant_id for tenant_id, _, card in scored if not card.beats_baseline]
     check = dg.AssetCheckResult(
         check_name=CHECK_NAME,
-        passed=not failing,
+        passed=not failing and not unfitted,
         severity=dg.AssetCheckSeverity.WARN,
         metadata={
             "tenants_scored": len(scored),
-            "not_better_than_baseline": dg.MetadataValue.md(
-                "\n".join(f"- {t}" for t in failing) or "none"
-            ),
+            "not_better_than_baseline": _listed(failing),
+            "not_scored_without_holdout_fit": _listed(unfitted),
         },
     )
     metadata: dict = {"tenants": dg.MetadataValue.md(_tenants_table(scored))}

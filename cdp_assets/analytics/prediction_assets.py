@@ -1,10 +1,24 @@
 """The Python step between the dbt models: BG/NBD + Gamma-Gamma fits per tenant (scipy,
-which dbt cannot run on Postgres), today's and the churn holdout's."""
+which dbt cannot run on Postgres), today's and the churn holdout's.
+
+Today's fit is stored (analytics_python.clv_fits) and reused: a tenant is fitted again on its
+schedule (REFIT_AFTER_DAYS), when it has no fit or when its customers grew or shrank by
+REFIT_CUSTOMER_CHANGE; every other refresh scores with the stored parameters only the
+customers whose purchase summary rows it has not scored yet. A fit's parameters describe the
+tenant's population, which a day's orders barely move; fitting them is most of the step's time.
+
+Predictions also depend on the as-of day (T and the recency grow every day). Unchanged
+customers stay right because the purchase summary rewrites every row of a tenant on the first
+refresh of a day (macro changed_customers_scope): that refresh scores every customer with the
+stored fit, as of the new day, and the day's later refreshes score the customers they changed.
+Scoring is a few vectorised passes over the customers, without the optimiser's hundreds; SQL
+cannot score (the expected purchases need a hypergeometric function Postgres lacks).
+"""
 
 import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from datetime import date
+from datetime import date, datetime
 from operator import itemgetter
 
 import dagster as dg
@@ -20,23 +34,45 @@ from cdp_assets.analytics.assets import (
     run_tenants,
 )
 from cdp_assets.analytics.automation import ANALYTICS_AUTOMATION
-from cdp_assets.analytics.predictions import HORIZON_MONTHS, Predictions, predict
+from cdp_assets.analytics.clv import BgNbdParams, GammaGammaParams
+from cdp_assets.analytics.predictions import HORIZON_MONTHS, MODEL, Fit, Predictions, predict, score
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.partitions import tenants
 
 SUMMARY_MODEL = "int_customers__purchase_summary"
+PREDICTIONS_TABLE = "analytics_python.customer_predictions"
+# A stored fit serves a week of refreshes: the parameters describe how the tenant's customers
+# buy and drop out, which changes over weeks, not with one day's orders.
+REFIT_AFTER_DAYS = 7
+# A population this much larger or smaller than the fit saw (a history imported, customers
+# merged or erased) is fitted again at once.
+REFIT_CUSTOMER_CHANGE = 0.25
 
 
-def summary_sql(model: str) -> str:
+def summary_sql(model: str, scored_in: str | None = None) -> str:
     """Some tenants' fit inputs from a purchase summary model (macro purchase_summary), tenant
     after tenant and in a fixed order within each: floating-point sums depend on it, and the
     same data must give the same fit. One query for every tenant of a run: one per tenant
-    scanned the whole summary each time (41 tenants: 1.1 s of the server's time)."""
+    scanned the whole summary each time (41 tenants: 1.1 s of the server's time).
+
+    `scored_in`: only the rows that table holds no prediction of, from the same build of the
+    row (its built_at): the customers that changed since they were scored. Compared key and
+    build by key and build, not against a high-water mark, so a build that committed late is
+    never skipped."""
+    unscored = (
+        ""
+        if scored_in is None
+        else f"""
+   AND NOT EXISTS (SELECT FROM {scored_in} AS scored
+                    WHERE scored.tenant_id = summary.tenant_id
+                      AND scored.customer_key = summary.customer_key
+                      AND scored.summary_built_at = summary.built_at)"""
+    )
     return f"""
 SELECT tenant_id, customer_key, frequency_x, recency_t_x_days, age_t_days,
-       mean_repeat_spend::float8, (revenue / nullif(purchase_days, 0))::float8, as_of
-  FROM intermediate.{model}
- WHERE tenant_id = ANY(%s)
+       mean_repeat_spend::float8, (revenue / nullif(purchase_days, 0))::float8, as_of, built_at
+  FROM intermediate.{model} AS summary
+ WHERE tenant_id = ANY(%s){unscored}
  ORDER BY tenant_id COLLATE "C", customer_key COLLATE "C"
 """
 
@@ -53,16 +89,21 @@ class FitInputs:
     T: NDArray[np.float64]
     m_x: NDArray[np.float64]
     spend_per_day: NDArray[np.float64]
+    built_at: list[datetime]  # each summary row's build, recorded with its prediction
 
 
 def read_fit_inputs(
-    conn: psycopg.Connection, model: str, tenant_ids: Sequence[str]
+    conn: psycopg.Connection,
+    model: str,
+    tenant_ids: Sequence[str],
+    scored_in: str | None = None,
 ) -> Iterator[FitInputs]:
     """Each of `tenant_ids` in turn (in code point order), streamed from one query: one
-    tenant's rows in memory at a time. A tenant without rows comes with none."""
+    tenant's rows in memory at a time. A tenant without rows comes with none. `scored_in`:
+    only the rows it has not scored (summary_sql)."""
     with conn.cursor(name=f"fit_inputs_{model}", binary=True) as cursor:
         cursor.itersize = 10_000
-        cursor.execute(summary_sql(model), (list(tenant_ids),))
+        cursor.execute(summary_sql(model, scored_in), (list(tenant_ids),))
         groups = itertools.groupby(cursor, key=itemgetter(0))
         group = next(groups, None)
         for tenant_id in sorted(tenant_ids):
@@ -74,10 +115,59 @@ def read_fit_inputs(
 
 
 def _fit_inputs(tenant_id: str, rows: list[tuple]) -> FitInputs:
-    _, keys, *numbers, as_of = zip(*rows, strict=True) if rows else ((),) * 8
+    _, keys, *numbers, as_of, built_at = zip(*rows, strict=True) if rows else ((),) * 9
     # NULL (None, then NaN) counts as 0.
     x, t_x, T, m_x, spend = (np.nan_to_num(np.array(c, dtype=float)) for c in numbers)
-    return FitInputs(tenant_id, as_of[0] if rows else None, list(keys), x, t_x, T, m_x, spend)
+    return FitInputs(
+        tenant_id, as_of[0] if rows else None, list(keys), x, t_x, T, m_x, spend, list(built_at)
+    )
+
+
+@dataclass
+class Refreshed:
+    """One tenant's predictions step: its customers, those it scored, their predictions, and
+    why it fitted the models (None: it scored with the stored fit)."""
+
+    tenant_id: str
+    customers: int
+    scored: int
+    result: Predictions
+    fitted: str | None
+    fit_as_of: date | None
+
+
+def _python_step(
+    name: str,
+    summary: tuple[dg.AssetsDefinition, str],
+    automation_condition: dg.AutomationCondition | None,
+    description: str,
+):
+    """The asset decorator of a tenant-partitioned step reading the model `summary` (the dbt
+    assets building it, its name) and writing `analytics_python.<name>`."""
+    summary_assets, summary_model = summary
+    return dg.asset(
+        name=name,
+        description=description,
+        partitions_def=tenants,
+        backfill_policy=dg.BackfillPolicy.single_run(),
+        deps=[get_asset_key_for_model([summary_assets], summary_model)],
+        group_name="marts",
+        kinds={"python", "scipy", "postgres"},
+        automation_condition=automation_condition,
+        metadata={"dagster/table_name": f"analytics_python.{name}"},
+    )
+
+
+def _materialization(refreshed: list[Refreshed]) -> dg.MaterializeResult:
+    if len(refreshed) == 1:
+        return dg.MaterializeResult(metadata=_metadata(refreshed[0]))
+    # A run over several tenants records this on each of them: a table, not numbers.
+    return dg.MaterializeResult(
+        metadata={
+            "tenants_in_run": len(refreshed),
+            "tenants": dg.MetadataValue.md(_fits_table(refreshed)),
+        }
+    )
 
 
 def _predictions_asset(
@@ -90,20 +180,10 @@ def _predictions_asset(
     """A tenant-partitioned asset fitting every tenant of its run on the model `summary`
     (the dbt assets building it, its name) and replacing the tenant's rows of
     `analytics_python.<name>`."""
-    summary_assets, summary_model = summary
+    summary_model = summary[1]
     table = f"analytics_python.{name}"
 
-    @dg.asset(
-        name=name,
-        description=description,
-        partitions_def=tenants,
-        backfill_policy=dg.BackfillPolicy.single_run(),
-        deps=[get_asset_key_for_model([summary_assets], summary_model)],
-        group_name="marts",
-        kinds={"python", "scipy", "postgres"},
-        automation_condition=automation_condition,
-        metadata={"dagster/table_name": table},
-    )
+    @_python_step(name, summary, automation_condition, description)
     def fit(
         context: dg.AssetExecutionContext, warehouse: WarehouseResource
     ) -> dg.MaterializeResult:
@@ -111,37 +191,47 @@ def _predictions_asset(
             fitted = fit_and_replace(
                 reader, writer, summary_model, table, run_tenants(context), record_fits
             )
-        if len(fitted) == 1:
-            _, customers, result = fitted[0]
-            return dg.MaterializeResult(metadata=_metadata(result, customers))
-        # A run over several tenants records this on each of them: a table, not numbers.
-        return dg.MaterializeResult(
-            metadata={
-                "tenants_in_run": len(fitted),
-                "tenants": dg.MetadataValue.md(_fits_table(fitted)),
-            }
-        )
+        return _materialization(fitted)
 
     return fit
 
 
-customer_predictions = _predictions_asset(
+class PredictionsConfig(dg.Config):
+    refit_after_days: int = REFIT_AFTER_DAYS
+    """A tenant whose stored fit is as of this many days before its summary is fitted again."""
+    refit: bool = False
+    """Fit every tenant of the run again, whatever its stored fit."""
+
+
+@_python_step(
     "customer_predictions",
     (dbt_tenant_models, SUMMARY_MODEL),
     ANALYTICS_AUTOMATION,
-    record_fits=True,
     description="""P(alive), expected purchases and CLV over 1, 3 and 5 years per customer.
 
-    BG/NBD and Gamma-Gamma fitted per tenant of the run by maximum likelihood
-    (`analytics/clv.py`); a tenant whose data cannot support the fit gets the documented
+    BG/NBD and Gamma-Gamma fitted per tenant by maximum likelihood (`analytics/clv.py`), again
+    when the stored fit is a week old (config refit_after_days), missing, or the customers
+    changed by a quarter; every other run scores the customers whose purchase summary changed
+    with the stored parameters. A tenant whose data cannot support the fit gets the documented
     heuristic, and the `model` column says which one each row came from.""",
 )
+def customer_predictions(
+    context: dg.AssetExecutionContext, config: PredictionsConfig, warehouse: WarehouseResource
+) -> dg.MaterializeResult:
+    with warehouse.connect() as reader, warehouse.connect() as writer:
+        refreshed = refresh_predictions(
+            reader, writer, run_tenants(context), config.refit_after_days, config.refit
+        )
+    return _materialization(refreshed)
+
+
 holdout_predictions = _predictions_asset(
     "holdout_predictions",
     (dbt_holdout_summary, HOLDOUT_SUMMARY_MODEL),
     # Run by the weekly churn holdout schedule.
     None,
-    record_fits=False,
+    # Its fit, as of the calibration date, is the one clv_scorecard scores.
+    record_fits=True,
     description="""The same fit as customer_predictions, as of the churn holdout's calibration
     date (var churn_holdout_days before as_of): the P(alive) marts.churn_holdout bands with,
     so the holdout tests the churn rules as they run today. Weekly.""",
@@ -155,44 +245,197 @@ def fit_and_replace(
     table: str,
     tenant_ids: Sequence[str],
     record_fits: bool,
-) -> list[tuple[str, int, Predictions]]:
+) -> list[Refreshed]:
     """Fit each tenant of `tenant_ids` on `summary_model` (read on `reader`) and replace its
-    rows of `table` (on `writer`); returns (tenant, customers, predictions) in tenant order.
-    Committed tenant by tenant: a failure later in a long run keeps the tenants done."""
-    fitted: list[tuple[str, int, Predictions]] = []
-    for inputs in read_fit_inputs(reader, summary_model, tenant_ids):
-        result = predict(inputs.x, inputs.t_x, inputs.T, inputs.m_x, inputs.spend_per_day)
-        _replace_predictions(writer, table, inputs, result, record_fits)
-        writer.commit()
-        fitted.append((inputs.tenant_id, len(inputs.keys), result))
-    return fitted
+    rows of `table` (on `writer`); returns what was done, in tenant order. Committed tenant
+    by tenant: a failure later in a long run keeps the tenants done."""
+    return [
+        _fit_tenant(writer, summary_model, table, inputs, record_fits, "fitted on every run")
+        for inputs in read_fit_inputs(reader, summary_model, tenant_ids)
+    ]
 
 
-def _replace_predictions(
-    conn: psycopg.Connection,
+def _fit_tenant(
+    writer: psycopg.Connection,
+    summary_model: str,
     table: str,
     inputs: FitInputs,
-    result: Predictions,
     record_fits: bool,
+    reason: str,
+) -> Refreshed:
+    result = predict(inputs.x, inputs.t_x, inputs.T, inputs.m_x, inputs.spend_per_day)
+    _write_predictions(writer, table, inputs, result, whole=True)
+    if inputs.keys and record_fits:
+        repeaters = int((inputs.x > 0).sum())
+        _record_fit(writer, summary_model, inputs, repeaters, result)
+    writer.commit()
+    customers = len(inputs.keys)
+    return Refreshed(inputs.tenant_id, customers, customers, result, reason, inputs.as_of)
+
+
+@dataclass(frozen=True)
+class StoredFit:
+    as_of: date
+    customers: int
+    fit: Fit
+
+
+@dataclass(frozen=True)
+class TenantState:
+    """A tenant's latest stored fit (None: none usable) and its summary now."""
+
+    stored: StoredFit | None
+    customers: int
+    as_of: date | None
+
+
+# The tenants' latest fits on today's summary (the holdout's are made on another) and their
+# customers now; the count reads the summary's key index, not its rows.
+TENANT_STATES_SQL = f"""
+SELECT tenants.tenant_id, fit.as_of, fit.customers, fit.model, fit.fallback_reason,
+       fit.bgnbd_r, fit.bgnbd_alpha, fit.bgnbd_a, fit.bgnbd_b, fit.gg_p, fit.gg_q, fit.gg_gamma,
+       fit.heuristic_gap_days,
+       (SELECT count(*) FROM intermediate.{SUMMARY_MODEL} AS summary
+         WHERE summary.tenant_id = tenants.tenant_id),
+       (SELECT as_of FROM intermediate.{SUMMARY_MODEL} AS summary
+         WHERE summary.tenant_id = tenants.tenant_id LIMIT 1)
+  FROM unnest(%s::text[]) AS tenants (tenant_id)
+  LEFT JOIN LATERAL (
+      SELECT * FROM analytics_python.clv_fits AS fits
+       WHERE fits.tenant_id = tenants.tenant_id AND fits.summary_model = %s
+       ORDER BY fits.fitted_at DESC LIMIT 1
+  ) AS fit ON true
+"""
+
+
+def tenant_states(conn: psycopg.Connection, tenant_ids: Sequence[str]) -> dict[str, TenantState]:
+    rows = conn.execute(TENANT_STATES_SQL, (list(tenant_ids), SUMMARY_MODEL)).fetchall()
+    states = {}
+    for tenant_id, fit_as_of, fit_customers, model, reason, *params, gap, count, as_of in rows:
+        stored = None
+        if fit_as_of is not None:
+            fit = _stored_fit(model, reason, params, gap)
+            stored = fit and StoredFit(fit_as_of, fit_customers, fit)
+        states[tenant_id] = TenantState(stored, count, as_of)
+    return states
+
+
+def _stored_fit(
+    model: str, reason: str | None, params: list[float | None], gap: float | None
+) -> Fit | None:
+    """The fit a clv_fits row records, or None when it lacks what scoring needs."""
+    r, alpha, a, b, p, q, gamma = params
+    if model == MODEL:
+        if None in params:
+            return None
+        return Fit(model, BgNbdParams(r, alpha, a, b), GammaGammaParams(p, q, gamma))
+    return None if gap is None else Fit(model, heuristic_gap_days=gap, fallback_reason=reason)
+
+
+def refit_reason(state: TenantState, refit_after_days: int) -> str | None:
+    """Why the tenant's models are fitted again in this run, or None: scored with its fit."""
+    stored = state.stored
+    if stored is None:
+        return "no stored fit"
+    if state.as_of is not None:
+        age = (state.as_of - stored.as_of).days
+        if not 0 <= age < refit_after_days:
+            return f"the stored fit is as of {stored.as_of}, {age} days from the summary's"
+    change = abs(state.customers - stored.customers)
+    if change > REFIT_CUSTOMER_CHANGE * stored.customers:
+        return f"{state.customers} customers, {stored.customers} at the stored fit"
+    return None
+
+
+def refresh_predictions(
+    reader: psycopg.Connection,
+    writer: psycopg.Connection,
+    tenant_ids: Sequence[str],
+    refit_after_days: int = REFIT_AFTER_DAYS,
+    refit: bool = False,
+) -> list[Refreshed]:
+    """Today's predictions of each tenant of `tenant_ids`: fitted again and every customer
+    replaced where `refit_reason` says so (or `refit`), otherwise its changed customers
+    scored with its stored fit and written over their old rows. Returns what was done, in
+    tenant order; committed tenant by tenant."""
+    # The counts and the rows in one snapshot: a summary build committing in between must not
+    # make the rows read look like every customer of the tenant.
+    reader.rollback()
+    reader.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+    states = tenant_states(reader, tenant_ids)
+    reasons = {
+        tenant_id: "asked for by the run" if refit else refit_reason(state, refit_after_days)
+        for tenant_id, state in states.items()
+    }
+    # A tenant without customers goes the fit's way: its rows are deleted, nothing is fitted.
+    to_fit = [t for t in sorted(tenant_ids) if reasons[t] or not states[t].customers]
+    to_score = [t for t in sorted(tenant_ids) if t not in to_fit]
+    done = [
+        _fit_tenant(
+            writer,
+            SUMMARY_MODEL,
+            PREDICTIONS_TABLE,
+            inputs,
+            True,
+            reasons[inputs.tenant_id] or "no customers",
+        )
+        for inputs in read_fit_inputs(reader, SUMMARY_MODEL, to_fit)
+    ]
+    for inputs in read_fit_inputs(reader, SUMMARY_MODEL, to_score, scored_in=PREDICTIONS_TABLE):
+        state = states[inputs.tenant_id]
+        assert state.stored is not None  # refit_reason sent the others to the fit
+        result = score(
+            state.stored.fit, inputs.x, inputs.t_x, inputs.T, inputs.m_x, inputs.spend_per_day
+        )
+        whole = len(inputs.keys) == state.customers
+        _write_predictions(writer, PREDICTIONS_TABLE, inputs, result, whole)
+        writer.commit()
+        done.append(
+            Refreshed(
+                inputs.tenant_id,
+                state.customers,
+                len(inputs.keys),
+                result,
+                None,
+                state.stored.as_of,
+            )
+        )
+    return sorted(done, key=lambda refreshed: refreshed.tenant_id)
+
+
+def _write_predictions(
+    conn: psycopg.Connection, table: str, inputs: FitInputs, result: Predictions, whole: bool
 ) -> None:
-    conn.execute(f"DELETE FROM {table} WHERE tenant_id = %s", (inputs.tenant_id,))
+    """The rows of `inputs` written over the tenant's old ones: `whole`, every row of the
+    tenant replaced; otherwise those of the same customers, and those of customers no longer
+    in the summary (merged into another, every purchase canceled, erased) deleted."""
+    if whole:
+        conn.execute(f"DELETE FROM {table} WHERE tenant_id = %s", (inputs.tenant_id,))
+    else:
+        conn.execute(
+            f"""
+            DELETE FROM {table} AS scored
+             WHERE scored.tenant_id = %(tenant_id)s
+               AND (scored.customer_key = ANY(%(keys)s)
+                    OR NOT EXISTS (SELECT FROM intermediate.{SUMMARY_MODEL} AS summary
+                                    WHERE summary.tenant_id = scored.tenant_id
+                                      AND summary.customer_key = scored.customer_key))
+            """,
+            {"tenant_id": inputs.tenant_id, "keys": inputs.keys},
+        )
     if inputs.keys:
         _copy_predictions(conn, table, inputs, result)
-        if record_fits:
-            repeaters = int((inputs.x > 0).sum())
-            _record_fit(conn, inputs.tenant_id, inputs.as_of, len(inputs.keys), repeaters, result)
 
 
-def _fits_table(fitted: list[tuple[str, int, Predictions]]) -> str:
+def _fits_table(refreshed: list[Refreshed]) -> str:
     lines = [
-        "| tenant | customers | model | mean P(alive) | CLV 1y | CLV 3y | CLV 5y |",
-        "|---|---:|---|---:|---:|---:|---:|",
+        "| tenant | customers | scored | model | fit |",
+        "|---|---:|---:|---|---|",
     ]
-    for tenant_id, customers, result in fitted:
-        mean_alive = float(result.p_alive.mean()) if customers else 0.0
-        totals = " | ".join(f"{float(result.clv[m].sum()):,.2f}" for m in HORIZON_MONTHS)
+    for done in refreshed:
+        fit = f"fitted: {done.fitted}" if done.fitted else f"stored, as of {done.fit_as_of}"
         lines.append(
-            f"| {tenant_id} | {customers} | {result.model} | {mean_alive:.3f} | {totals} |"
+            f"| {done.tenant_id} | {done.customers} | {done.scored} | {done.result.model} | {fit} |"
         )
     return "\n".join(lines)
 
@@ -203,7 +446,8 @@ def _copy_predictions(
     columns_sql = (
         "tenant_id, customer_key, as_of, frequency_x, recency_t_x_days, age_t_days,"
         " mean_repeat_spend, p_alive, p_no_purchase_90d, expected_purchases_1y,"
-        " expected_purchases_3y, expected_purchases_5y, clv_1y, clv_3y, clv_5y, model"
+        " expected_purchases_3y, expected_purchases_5y, clv_1y, clv_3y, clv_5y, model,"
+        " summary_built_at"
     )
     purchases, value = result.expected_purchases, result.clv
     # Whole columns to Python values at once (tolist runs in C), not numpy indexing per
@@ -216,35 +460,40 @@ def _copy_predictions(
         *whole_days,
         *(a.tolist() for a in fractions),
         *(np.round(a, 2).tolist() for a in money),
+        inputs.built_at,
         strict=True,
     )
     tenant_id, as_of, model = inputs.tenant_id, inputs.as_of, result.model
     with conn.cursor().copy(f"COPY {table} ({columns_sql}) FROM STDIN") as copy:
-        for key, x_i, t_x_i, T_i, *estimates, spend, clv_1y, clv_3y, clv_5y in columns:
+        for key, x_i, t_x_i, T_i, *estimates, spend, clv_1y, clv_3y, clv_5y, built_at in columns:
             copy.write_row(
                 (tenant_id, key, as_of, x_i, t_x_i, T_i, spend, *estimates)
-                + (clv_1y, clv_3y, clv_5y, model)
+                + (clv_1y, clv_3y, clv_5y, model, built_at)
             )
 
 
 def _record_fit(
-    conn, tenant_id, as_of, customers: int, repeaters: int, result: Predictions
+    conn: psycopg.Connection,
+    summary_model: str,
+    inputs: FitInputs,
+    repeaters: int,
+    result: Predictions,
 ) -> None:
-    bg = result.bgnbd.params if result.bgnbd else None
-    gg = result.gamma_gamma.params if result.gamma_gamma else None
+    fit = result.fit
+    bg, gg = fit.bgnbd, fit.gamma_gamma
     conn.execute(
         """
         INSERT INTO analytics_python.clv_fits (tenant_id, as_of, model, fallback_reason,
             customers, repeaters, bgnbd_r, bgnbd_alpha, bgnbd_a, bgnbd_b, bgnbd_log_likelihood,
-            gg_p, gg_q, gg_gamma, gg_log_likelihood)
-        VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+            gg_p, gg_q, gg_gamma, gg_log_likelihood, heuristic_gap_days, summary_model)
+        VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
         """,
         (
-            tenant_id,
-            as_of,
-            result.model,
-            result.fallback_reason,
-            customers,
+            inputs.tenant_id,
+            inputs.as_of,
+            fit.model,
+            fit.fallback_reason,
+            len(inputs.keys),
             repeaters,
             bg and bg.r,
             bg and bg.alpha,
@@ -255,19 +504,25 @@ def _record_fit(
             gg and gg.q,
             gg and gg.gamma,
             result.gamma_gamma.log_likelihood if result.gamma_gamma else None,
+            fit.heuristic_gap_days,
+            summary_model,
         ),
     )
 
 
-def _metadata(result: Predictions, customers: int) -> dict:
-    clv_1y = result.clv[12]
+def _metadata(refreshed: Refreshed) -> dict:
+    result, customers, scored = refreshed.result, refreshed.customers, refreshed.scored
     metadata: dict = {
         "dagster/row_count": customers,
+        "customers_scored": scored,
         "model": result.model,
         "fell_back": result.fallback_reason is not None,
-        "mean_p_alive": float(result.p_alive.mean()) if customers else 0.0,
-        **{f"clv_{m // 12}y_total": float(result.clv[m].sum()) for m in HORIZON_MONTHS},
+        "fitted": refreshed.fitted is not None,
     }
+    if refreshed.fitted:
+        metadata["fit_reason"] = refreshed.fitted
+    elif refreshed.fit_as_of:
+        metadata["fit_as_of"] = refreshed.fit_as_of.isoformat()
     if result.fallback_reason:
         metadata["fallback_reason"] = result.fallback_reason
     if result.bgnbd and result.gamma_gamma:
@@ -282,7 +537,13 @@ def _metadata(result: Predictions, customers: int) -> dict:
             gg_gamma=gg.gamma,
             **result.fit_details,
         )
-    if customers:
+    # Totals and quantiles of the tenant: when this run scored every customer.
+    if customers and scored == customers:
+        clv_1y = result.clv[12]
+        metadata["mean_p_alive"] = float(result.p_alive.mean())
+        metadata.update(
+            {f"clv_{m // 12}y_total": float(result.clv[m].sum()) for m in HORIZON_MONTHS}
+        )
         quantiles = np.quantile(clv_1y, [0.1, 0.25, 0.5, 0.75, 0.9, 0.99])
         table = "| quantile | CLV 1y |\n|---|---|\n" + "\n".join(
             f"| p{int(q * 100)} | {v:,.2f} |"

@@ -2,7 +2,9 @@
 
 Stages, in order: the ingestion write path against the old way and the COPY limit; ingestion
 end to end; analytics (dbt and the CLV fit, with `lifetimes` fitting the same data); activation
-(first push and unchanged re-sync per destination); the daily increment from new and changed
+(first push and unchanged re-sync per destination); the Master Data write-back (every
+tenant's CL fields written, then an unchanged re-run, within each account's request budget
+that the sandbox enforces); the daily increment from new and changed
 orders in the sandbox (the List sync and the orders feed) to pushed audiences; at seed,
 freshness: each order event followed to the Meta audience while Dagster's daemon runs the
 chain (`CDP_BENCH_FRESHNESS_MINUTES`, 30 by default). Results: `<scale>.json`, `<scale>.svg`
@@ -24,7 +26,13 @@ import psycopg
 
 from cdp_assets.bench import freshness
 from cdp_assets.bench.environment import RUN_WORKERS, open_bench
-from cdp_assets.bench.pipeline import run_activation, run_analytics, run_increment, run_ingestion
+from cdp_assets.bench.pipeline import (
+    run_activation,
+    run_analytics,
+    run_increment,
+    run_ingestion,
+    run_masterdata,
+)
 from cdp_assets.bench.report import consistency_checks, judge_targets, write_report
 from cdp_assets.bench.scales import SCALES, Scale
 from cdp_assets.bench.write_path import describe_connection, run_write_path
@@ -32,7 +40,14 @@ from cdp_assets.lib.database import cdp_home
 
 __all__ = ["SCALES", "run_bench"]
 
-STAGES = (run_write_path, run_ingestion, run_analytics, run_activation, run_increment)
+STAGES = (
+    run_write_path,
+    run_ingestion,
+    run_analytics,
+    run_activation,
+    run_masterdata,
+    run_increment,
+)
 
 
 def _load_average() -> str:

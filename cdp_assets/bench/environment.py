@@ -150,6 +150,7 @@ class RunRequest:
     partition_key: str | None = None
     tags: dict[str, str] | None = None
     asset_selection: Sequence[dg.AssetKey] | None = None
+    run_config: dict[str, Any] | None = None  # beside QUIET: e.g. a resource's settings
 
 
 # The run slots the workers share (RUN_WORKERS): set in each worker when it starts.
@@ -189,7 +190,7 @@ def _execute_now(request: RunRequest) -> RunOutcome:
     started = time.perf_counter()
     result = defs.resolve_job_def(request.job_name).execute_in_process(
         instance=_worker_instance(),
-        run_config=QUIET,
+        run_config={**QUIET, **(request.run_config or {})},
         raise_on_error=False,
         partition_key=request.partition_key,
         tags=request.tags,

@@ -1,11 +1,12 @@
-"""Stages 2-5: ingestion, analytics, activation and the daily increment, each as the Dagster
-runs production launches (the jobs the schedules, sensors and backfills use)."""
+"""Stages 2-6: ingestion, analytics, activation, the Master Data write-back and the daily
+increment, each as the Dagster runs production launches (the jobs the schedules, sensors and
+backfills use)."""
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
@@ -38,10 +39,13 @@ from cdp_assets.partitions import (
 from cdp_assets.sandbox import credentials_for
 from cdp_assets.tenants.registry import list_tenants
 from cdp_assets.tenants.runs import block_request, tenant_blocks
+from cdp_assets.vtex.assets import vtex_masterdata_fields
 from cdp_assets.vtex.client import CATALOG_WINDOW
 from cdp_assets.vtex.feed import FeedSettings, turn_feed_on
 from cdp_assets.vtex.feed_defs import FEED_SYNC_JOB
 from cdp_assets.vtex.jobs import ORDERS_SYNC_JOB, TENANT_SYNC_JOB
+from cdp_assets.vtex.masterdata_writeback import AUDIENCE as MASTERDATA_AUDIENCE
+from cdp_assets.vtex.masterdata_writeback import DEFAULT_FIELDS, DEFAULT_UPDATED_AT_FIELD
 from cdp_assets.vtex.resources import VtexResource
 from cdp_assets.vtex.schedules import order_sync_requests
 
@@ -68,7 +72,9 @@ SELECT (SELECT count(*) FROM raw_vtex.orders), (SELECT count(*) FROM raw_vtex.pr
 """
 
 
-def _as_run(job_name: str, request: dg.RunRequest) -> RunRequest:
+def _as_run(
+    job_name: str, request: dg.RunRequest, run_config: dict[str, Any] | None = None
+) -> RunRequest:
     """A run request of a schedule or sensor, for the bench's run workers."""
     return RunRequest(
         job_name,
@@ -76,6 +82,7 @@ def _as_run(job_name: str, request: dg.RunRequest) -> RunRequest:
         partition_key=request.partition_key and str(request.partition_key),
         tags=dict(request.tags),
         asset_selection=request.asset_selection,
+        run_config=run_config,
     )
 
 
@@ -450,11 +457,16 @@ def _platform_members(bench: Bench, platform: str) -> int:
 ASSET_OF_PLATFORM = {
     "meta": meta_custom_audiences.key,
     "google_data_manager": google_customer_match.key,
+    "vtex_masterdata": vtex_masterdata_fields.key,
 }
-ACTIVATION_ASSET = {"meta": "meta_custom_audiences", "google_data_manager": "google_customer_match"}
+ACTIVATION_ASSET = {
+    "meta": "meta_custom_audiences",
+    "google_data_manager": "google_customer_match",
+    "vtex_masterdata": "vtex_masterdata_fields",
+}
 
 
-def _push(bench: Bench, platform: str) -> dict[str, Any]:
+def _push(bench: Bench, platform: str, run_config: dict[str, Any] | None = None) -> dict[str, Any]:
     """One platform's push for every tenant, as the triggers group them: one run per block of
     neighbouring tenants (here, one block)."""
     with bench.connect() as conn:
@@ -464,7 +476,9 @@ def _push(bench: Bench, platform: str) -> dict[str, Any]:
     runs = bench.runner.run_all(
         [
             _as_run(
-                activation_push.name, block_request(block, "bench", [ASSET_OF_PLATFORM[platform]])
+                activation_push.name,
+                block_request(block, "bench", [ASSET_OF_PLATFORM[platform]]),
+                run_config,
             )
             for block in blocks
         ]
@@ -517,7 +531,124 @@ def run_activation(bench: Bench) -> StageResult:
     return result
 
 
-# --- stage 5: daily increment -------------------------------------------------------------------
+# --- stage 5: Master Data write-back ------------------------------------------------------------
+
+# VTEX publishes no rate for Master Data document writes: its Master Data reference warns that
+# high write volumes trigger throttling, without a figure
+# (https://developers.vtex.com/docs/api-reference/masterdata-api), and its limits per account
+# and route "vary throughout the day and are not disclosed", a limited request answered 429
+# with Retry-After (https://developers.vtex.com/docs/guides/how-to-load-test-a-store). The one
+# per-account figure it does publish is 6,000 requests a minute (Get order,
+# https://developers.vtex.com/docs/api-reference/orders-api#get-/api/oms/pvt/orders/-orderId-):
+# the sandbox holds each account to it for this stage, and the client keeps the platform's
+# default pace below it, taken from the account's budget shared with ingestion.
+MASTERDATA_REQUESTS_PER_MINUTE = 6_000
+MASTERDATA_CLIENT_RATE = 80.0  # VtexResource's default requests per second per account
+# The customers the write-back has documents for, as it reads them (masterdata_writeback.py).
+CL_DOCUMENTS_SQL = """
+SELECT count(*) FROM intermediate.int_identity__customer_keys i
+  JOIN marts.customers c USING (tenant_id, customer_key)
+ WHERE i.record_id LIKE 'cl:%'
+"""
+
+
+def _masterdata_admin(bench: Bench, account: str) -> str:
+    return f"{bench.sandbox.base_url}/_sandbox/{account}/masterdata"
+
+
+def _add_cl_fields(bench: Bench) -> None:
+    """The write-back's default fields on every store's CL entity, as the merchant creates them
+    in the Admin (`cdp destinations check` says how)."""
+    fields = [(name, "Varchar 50") for name in DEFAULT_FIELDS]
+    fields.append((DEFAULT_UPDATED_AT_FIELD, "Date and Time"))
+    with requests.Session() as session:
+        for account in bench.tenant_ids:
+            for name, kind in fields:
+                session.post(
+                    f"{_masterdata_admin(bench, account)}/fields",
+                    json={"name": name, "type": kind},
+                    timeout=30,
+                ).raise_for_status()
+
+
+def _cl_written(bench: Bench) -> tuple[int, int]:
+    """CL documents holding values a PATCH wrote, and documents a PATCH created, in all stores."""
+    documents = created = 0
+    with requests.Session() as session:
+        for account in bench.tenant_ids:
+            reply = session.get(f"{_masterdata_admin(bench, account)}/written", timeout=120)
+            reply.raise_for_status()
+            written = reply.json()
+            documents += len(written["values"])
+            created += len(written["created"])
+    return documents, created
+
+
+def _write_back(bench: Bench) -> dict[str, Any]:
+    """Every tenant's Master Data destination pushed at the client's default pace, and what the
+    sandbox received: requests and PATCH requests (throttled ones included), and 429s."""
+    run_config = {
+        "resources": {"vtex": {"config": {"requests_per_second": MASTERDATA_CLIENT_RATE}}}
+    }
+    before = bench.sandbox.stats()["accounts"]
+    pushed = _push(bench, "vtex_masterdata", run_config)
+    after = bench.sandbox.stats()["accounts"]
+
+    def sent(count: Callable[[dict[str, Any]], int]) -> int:
+        return sum(count(after[a]) - count(before[a]) for a in bench.tenant_ids)
+
+    return {
+        **pushed,
+        "requests_sent": sent(lambda account: account["total"]),
+        "patch_requests": sent(lambda account: account["requests"].get("patch_document", 0)),
+        "throttled_429": sent(lambda account: account["faults"].get("budget", 0)),
+    }
+
+
+def run_masterdata(bench: Bench) -> StageResult:
+    """Every tenant's segment, CLV tier and churn band written to its CL documents, then an
+    unchanged re-run, with the sandbox holding each account to its request budget."""
+    _add_cl_fields(bench)
+    with bench.connect() as conn:
+        for tenant_id in bench.tenant_ids:
+            destination = Destination(f"{tenant_id}_masterdata", tenant_id, "vtex_masterdata")
+            add_destination(conn, destination)
+            add_audience(conn, destination.destination_id, MASTERDATA_AUDIENCE)
+        conn.commit()
+        (documents,) = conn.execute(CL_DOCUMENTS_SQL).fetchone()
+    bench.sandbox.set_faults({"requests_per_minute": MASTERDATA_REQUESTS_PER_MINUTE})
+    try:
+        with _stage(bench, "masterdata") as result:
+            first = _write_back(bench)
+            rerun = _write_back(bench)
+            result.records = first["added"]
+    finally:
+        bench.sandbox.clear_faults()
+    result.records_label = "CL documents written"
+    written, created = _cl_written(bench)
+    bench.echo(
+        f"  masterdata: {first['added']:,} CL documents in {first['seconds']:.1f} s"
+        f" ({first['requests_sent']:,} requests, {first['throttled_429']} throttled);"
+        f" unchanged re-run {rerun['seconds']:.1f} s, {rerun['patch_requests']} written"
+    )
+    result.details = {
+        "requests_per_minute_per_account": MASTERDATA_REQUESTS_PER_MINUTE,
+        "client_requests_per_second": MASTERDATA_CLIENT_RATE,
+        "first_write": first,
+        "unchanged_rerun": rerun,
+        "consistency": [
+            consistency_check("CL documents written == customers with one", documents, written),
+            consistency_check(
+                "CL documents written == added on first write", first["added"], written
+            ),
+            consistency_check("CL documents created by the write-back", 0, created),
+            consistency_check("unchanged re-run writes nothing", 0, rerun["patch_requests"]),
+        ],
+    }
+    return result
+
+
+# --- stage 6: daily increment -------------------------------------------------------------------
 
 # The increment's orders as landed: the new ones, and the changed ones updated at all (their
 # stamp is the increment's), created in the 48 hours before it, and both. Matched by (tenant,

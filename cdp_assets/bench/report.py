@@ -20,8 +20,9 @@ STAGE_TITLES = {
     "ingestion": "2. Ingestion end to end",
     "analytics": "3. Analytics",
     "activation": "4. Activation",
-    "increment": "5. Daily increment",
-    "freshness": "6. Freshness (order event to Meta audience)",
+    "masterdata": "5. Master Data write-back",
+    "increment": "6. Daily increment",
+    "freshness": "7. Freshness (order event to Meta audience)",
 }
 MEMORY_LIMIT_MB = 500.0
 
@@ -388,6 +389,7 @@ def _details_section(report: dict[str, Any]) -> list[str]:
                 f" | {_n(first['requests'])} | {_n(resync['seconds'], 2)}"
                 f" | {_n(resync['unchanged'])} |"
             )
+    lines += _masterdata_sentence(stages.get("masterdata"))
     increment = stages.get("increment")
     if increment:
         parts = ", ".join(f"{k} {_n(v)} s" for k, v in increment["parts_seconds"].items())
@@ -406,6 +408,24 @@ def _details_section(report: dict[str, Any]) -> list[str]:
             " this stage), since VTEX lists orders by creation date." + _dbt_sentence(increment),
         ]
     return lines
+
+
+def _masterdata_sentence(masterdata: dict[str, Any] | None) -> list[str]:
+    if not masterdata:
+        return []
+    first, rerun = masterdata["first_write"], masterdata["unchanged_rerun"]
+    rate = first["requests_sent"] / first["seconds"] if first["seconds"] else 0.0
+    return [
+        "",
+        f"**Master Data write-back** (every tenant's CL fields, the sandbox holding each account"
+        f" to {_n(masterdata['requests_per_minute_per_account'])} requests a minute, the client"
+        f" pacing {_n(masterdata['client_requests_per_second'], 0)} a second from the shared"
+        f" budget): first write {_n(first['added'])} customers in {_n(first['seconds'], 2)} s,"
+        f" {_n(first['requests_sent'])} requests ({_n(rate, 0)} a second over the tenants),"
+        f" {_n(first['throttled_429'])} throttled (429), {_n(first['rejected'])} rejected;"
+        f" unchanged re-run {_n(rerun['seconds'], 2)} s, {_n(rerun['requests_sent'])} requests,"
+        f" {_n(rerun['patch_requests'])} written, {_n(rerun['throttled_429'])} throttled.",
+    ]
 
 
 def _dbt_sentence(stage: dict[str, Any]) -> str:
@@ -613,6 +633,10 @@ def _chart_bars(report: dict[str, Any]) -> list[tuple[str, float, float | None]]
         limit = 30 if whole and platform == "meta" else None
         bars.append((f"{platform} first push", pushes["first_push"]["seconds"], limit))
         bars.append((f"{platform} re-sync", pushes["unchanged_resync"]["seconds"], None))
+    if "masterdata" in stages:
+        masterdata = stages["masterdata"]
+        bars.append(("Master Data first write", masterdata["first_write"]["seconds"], None))
+        bars.append(("Master Data re-run", masterdata["unchanged_rerun"]["seconds"], None))
     if "increment" in stages:
         bars.append(("Daily increment", stages["increment"]["wall_seconds"], 60 if seed else None))
     return bars

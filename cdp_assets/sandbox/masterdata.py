@@ -162,11 +162,15 @@ class CustomerQuery:
         self._store = store
         self._equality_index: dict[str, dict[Any, np.ndarray]] = {}
         self._sort_order: dict[str, np.ndarray] = {}
+        self._deleted = np.zeros(store.buyers.registered, dtype=bool)
+
+    def delete(self, row: int) -> None:
+        """The document of `row` was deleted: no query finds it any more."""
+        self._deleted[row] = True
 
     def rows(self, where: str | None, equals: dict[str, str], sort: str | None) -> np.ndarray:
         """Matching CL rows, sorted as ``_sort`` asks (row order otherwise)."""
-        count = self._store.buyers.registered
-        mask = np.ones(count, dtype=bool)
+        mask = ~self._deleted
         if where:
             mask &= self._evaluate(parse_where(where))
         for name, value in equals.items():
@@ -364,15 +368,22 @@ class ClFieldWrites:
     masterdata-api#patch-/api/dataentities/-acronym-/documents/-id-): the body is a JSON object
     of fields and values, answered 204; a field must exist on the entity (custom fields are
     created in the Admin's data structure, there is no v1 route for it); a Varchar holds a
-    string of at most its length; a PATCH on an id that has no document creates one holding
-    only the fields sent (UNVERIFIED on VTEX itself: modelled as the unkind case, so that a
-    client writing to unknown ids is seen doing it)."""
+    string of at most its length. The spec describes the PATCH as updating "a subset of fields
+    of a document" and documents no answer for an id without one, while its `PUT` on the same
+    path creates or replaces: so a PATCH on an id that has no document (never had, or deleted
+    since) creates one holding only the fields sent, the unkind case (UNVERIFIED on VTEX
+    itself), so that a client writing to a missing document is seen doing it. A deleted
+    document (`DELETE` on the same path, answered 204,
+    https://developers.vtex.com/docs/api-reference/masterdata-api#delete-/api/dataentities/
+    -acronym-/documents/-id-) is gone for GET and search alike (a document a PATCH created
+    is found by GET only: the sandbox searches the store's generated documents)."""
 
     def __init__(self, existing: Callable[[str], bool]) -> None:
         self._existing = existing
         self._custom: dict[str, dict[str, Any]] = {}
         self.values: dict[str, dict[str, Any]] = {}
         self.created: set[str] = set()
+        self.deleted: set[str] = set()
 
     def add_field(self, name: str, field_type: str = "Varchar 50", nullable: bool = True) -> None:
         if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]{0,49}", name):
@@ -411,12 +422,25 @@ class ClFieldWrites:
             if field["isInternal"]:
                 raise QueryError(f"Field '{name}' cannot be written")
             _check_value(field, value)
-        if not self._existing(document_id) and document_id not in self.values:
+        if document_id in self.deleted or not (
+            self._existing(document_id) or document_id in self.values
+        ):
             self.created.add(document_id)
+            self.deleted.discard(document_id)
         self.values.setdefault(document_id, {}).update(body)
+
+    def delete(self, document_id: str) -> None:
+        """The document and every value written to it are gone."""
+        self.values.pop(document_id, None)
+        if self._existing(document_id) or document_id in self.created:
+            self.deleted.add(document_id)
 
     def document(self, document_id: str, stored: dict[str, Any] | None) -> dict[str, Any] | None:
         """The document as the store holds it now: generated fields, then values written."""
+        if document_id in self.deleted:
+            return None
+        if document_id in self.created:  # what a PATCH created holds only what it sent
+            stored = None
         written = self.values.get(document_id)
         if stored is None and written is None:
             return None

@@ -713,6 +713,11 @@ async def remove_subcollection_sku(call: _Call) -> Response:
     return _empty_ok()
 
 
+async def search_collections(call: _Call) -> Response:
+    terms = call.request.path_params.get("terms")
+    return _json(call.account.collections.search(terms, call.params))
+
+
 async def collection_products(call: _Call) -> Response:
     page = _int_param(call.params, "page", 1)
     size = _int_param(call.params, "pageSize", 10)
@@ -807,6 +812,16 @@ async def patch_document(call: _Call) -> Response:
     return Response(status_code=204)
 
 
+async def delete_document(call: _Call) -> Response:
+    _cl_only(call)
+    document_id = call.request.path_params["document_id"]
+    call.account.cl_writes.delete(document_id)
+    row = call.store.customer_row(document_id)
+    if row is not None:
+        call.account.customers.delete(row)
+    return Response(status_code=204)
+
+
 # ----- admin --------------------------------------------------------------------------------------
 
 
@@ -892,11 +907,14 @@ async def configure_collections(request: Request) -> Response:
         rate = float(body.get("deadlock_rate", 0.0))
         lag = float(body.get("listing_lag_seconds", 0.0))
         seed = int(body.get("seed", 0))
+        refused = frozenset(int(sku) for sku in body.get("refused_skus", []))
     except (TypeError, ValueError):
         raise ApiError(
-            400, 'body must be {"deadlock_rate": float, "listing_lag_seconds": float, "seed": int}'
+            400,
+            'body must be {"deadlock_rate": float, "listing_lag_seconds": float, "seed": int,'
+            ' "refused_skus": [int]}',
         ) from None
-    _admin_account(request).collections.configure(rate, lag, seed)
+    _admin_account(request).collections.configure(rate, lag, seed, refused)
     return _empty_ok()
 
 
@@ -1024,6 +1042,18 @@ def build_app(stores: list[Store]) -> Starlette:
             "/catalog/pvt/collection", "collections", "create_collection", create_collection, "POST"
         ),
         api(
+            "/catalog_system/pvt/collection/search",
+            "collections",
+            "search_collections",
+            search_collections,
+        ),
+        api(
+            "/catalog_system/pvt/collection/search/{terms}",
+            "collections",
+            "search_collections",
+            search_collections,
+        ),
+        api(
             "/catalog/pvt/collection/{collection_id}",
             "collections",
             "get_collection",
@@ -1097,6 +1127,13 @@ def build_app(stores: list[Store]) -> Starlette:
             "patch_document",
             patch_document,
             "PATCH",
+        ),
+        api(
+            "/dataentities/{acronym}/documents/{document_id}",
+            "masterdata",
+            "delete_document",
+            delete_document,
+            "DELETE",
         ),
         api(
             "/dataentities/{acronym}", "masterdata", "data_entity_structure", data_entity_structure

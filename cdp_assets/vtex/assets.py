@@ -233,7 +233,7 @@ def vtex_orders(
                     _record_failed_month(context, conn, tenant_id, month, error)
                     raise
                 context.add_asset_metadata(landed, partition_key=partition)
-                unread += landed["orders_unread"]
+                unread += int(landed["orders_unread"])
             run.count_requests(client)
     if unread:
         context.log.warning(
@@ -376,11 +376,11 @@ def vtex_masterdata_fields(
 
 
 class MasterDataAdapter(DestinationAdapter):
-    """Master Data CL fields: each customer's values. One destination at a time: each writes
-    at the account's whole request budget already."""
+    """Master Data CL fields: each customer's values. Destinations are written several at a
+    time: those of different stores call different accounts, and those of one store take
+    their requests from the account's budget, shared by every caller (vtex/budget.py)."""
 
     platforms = ("vtex_masterdata",)
-    workers = 1
 
     def __init__(self, warehouse: WarehouseResource, vtex: VtexResource) -> None:
         self.warehouse, self.vtex = warehouse, vtex

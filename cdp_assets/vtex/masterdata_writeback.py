@@ -11,6 +11,13 @@ the tenant's VTEX client, whose every request is taken from the account's reques
 shared with ingestion (`vtex/budget.py`). A customer who leaves (erased, suppressed, no
 longer a customer) has the fields emptied.
 
+A document deleted in the store since ingestion read it is not written: the Master Data v1
+spec gives that PATCH no answer for a missing id, and `PUT` on the same path creates, so a
+PATCH may create the document anew, with nothing but our fields. Each batch first asks
+search which of its documents still exist (one request per SEARCH_IDS documents, a few
+percent of the writes); the others are rejected with the reason, counted as rejects, and the
+rest of the batch lands.
+
 The fields must exist on the CL entity: Master Data v1 has no route to create them, so
 `missing_fields` reads the entity's structure and the operator creates any missing one in
 the Admin (`cdp destinations check`).
@@ -29,7 +36,13 @@ from psycopg import sql
 
 from cdp_assets.activation.destinations import DestinationAudience, DestinationError
 from cdp_assets.activation.sync import BatchResult, MemberSource, Row
-from cdp_assets.vtex.client import VtexAuthError, VtexClient, VtexError, VtexRequestFailed
+from cdp_assets.vtex.client import (
+    SEARCH_PATH,
+    VtexAuthError,
+    VtexClient,
+    VtexError,
+    VtexRequestFailed,
+)
 
 ENTITY = "CL"
 STRUCTURE_PATH = f"/api/dataentities/{ENTITY}"
@@ -54,6 +67,13 @@ DEFAULT_UPDATED_AT_FIELD = "cdpUpdatedAt"
 FIELD_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,49}")
 # Values derived from the CLV model: a destination writing one should be gated on its quality.
 CLV_VALUES = frozenset({"clv_tier"})
+# Documents whose existence one search asks for: `id=... OR ...` over 50 GUIDs keeps the query
+# string near 2.5 KB, well inside what HTTP front ends accept, and within a search page (100).
+SEARCH_IDS = 50
+DELETED = (
+    "the CL document no longer exists in the store (deleted since ingestion): not written, as"
+    " writing would create it anew"
+)
 
 
 @dataclass(frozen=True)
@@ -230,12 +250,32 @@ class VtexMasterDataFields:
             )
         self._checked = True
 
+    def _existing(self, document_ids: list[str]) -> set[str]:
+        """Which of the documents the store still has, by search, SEARCH_IDS a request."""
+
+        def search(chunk: list[str]) -> set[str]:
+            reply = self.client.get(
+                SEARCH_PATH,
+                params={"_where": " OR ".join(f"id={d}" for d in chunk), "_fields": "id"},
+                headers={"REST-Range": f"resources=0-{len(chunk)}"},
+            )
+            found = reply.data if reply is not None else None
+            if not isinstance(found, list):
+                raise VtexError(f"GET {SEARCH_PATH} did not answer a list of documents")
+            return {d.get("id") for d in found if isinstance(d, dict)}
+
+        chunks = [document_ids[i : i + SEARCH_IDS] for i in range(0, len(document_ids), SEARCH_IDS)]
+        return set().union(*self.client.map_concurrent(search, chunks))
+
     def _write(self, rows: list[Row], clear: bool) -> BatchResult:
         self._require_fields()
         stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        existing = self._existing([row[0] for row in rows])
 
         def patch(row: Row) -> str | None:
             document_id, *values = row
+            if document_id not in existing:
+                return DELETED
             body: dict[str, Any] = {
                 name: None if clear or value == "" else value
                 for (name, _), value in zip(self.fields.fields, values, strict=True)
@@ -257,7 +297,9 @@ class VtexMasterDataFields:
             for index, reason in enumerate(self.client.map_concurrent(patch, rows))
             if reason is not None
         }
-        return BatchResult(rejected=rejected, requests=len(rows))
+        searches = -(-len(rows) // SEARCH_IDS)
+        patches = sum(row[0] in existing for row in rows)
+        return BatchResult(rejected=rejected, requests=searches + patches)
 
     def add(self, platform_id: str, rows: list[Row]) -> BatchResult:
         return self._write(rows, clear=False)
