@@ -1,10 +1,12 @@
 """The tenant refresh follows the change: after new orders, changed orders, a customer merge
 and a canceled order, the incremental refresh leaves every mart row exactly as a full rebuild
-of the same data, and rewrites only the customers the change touched."""
+of the same data, and rewrites only the customers the change touched; the predictions score
+the changed customers with the stored CLV fit."""
 
 from __future__ import annotations
 
 import dagster as dg
+import numpy as np
 import psycopg
 import pytest
 from support import import_unavailable_orders, months_ago, register, run_dbt, sync
@@ -16,7 +18,14 @@ from cdp_assets.analytics.assets import (
     dbt_tenant_scoring,
 )
 from cdp_assets.analytics.dbt_project import dbt_resource
-from cdp_assets.analytics.prediction_assets import customer_predictions
+from cdp_assets.analytics.prediction_assets import (
+    PREDICTIONS_TABLE,
+    SUMMARY_MODEL,
+    customer_predictions,
+    read_fit_inputs,
+    tenant_states,
+)
+from cdp_assets.analytics.predictions import score
 from cdp_assets.lib.environ import temporary_environment
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.sandbox import SandboxProcess, StoreSpec
@@ -66,17 +75,18 @@ EDIT_ORDER_SQL = """
 UPDATE raw_vtex.orders SET payload = {edit}, summary = {summary}, synced_at = clock_timestamp()
  WHERE tenant_id = %(tenant)s AND order_id = %(order_id)s
 """
-# New orders: copies of existing ones under new ids, created an hour ago.
+# New orders: copies of existing ones under new ids (the old ids and a suffix), created an
+# hour ago.
 NEW_ORDERS_SQL = (
     "CREATE TEMPORARY TABLE new_orders ON COMMIT DROP AS SELECT * FROM raw_vtex.orders"
     " WHERE tenant_id = %(tenant)s AND order_id = ANY(%(order_ids)s)",
-    "UPDATE new_orders SET order_id = order_id || '-again', creation_date = now() - interval"
+    "UPDATE new_orders SET order_id = order_id || %(suffix)s, creation_date = now() - interval"
     " '1 hour', change_stamp = now(), synced_at = clock_timestamp()",
     "INSERT INTO raw_vtex.orders SELECT * FROM new_orders",
 )
 
 
-def refresh(instance: dg.DagsterInstance) -> None:
+def refresh(instance: dg.DagsterInstance) -> dg.ExecuteInProcessResult:
     result = dg.materialize(
         REFRESH,
         partition_key=TENANT,
@@ -84,6 +94,7 @@ def refresh(instance: dg.DagsterInstance) -> None:
         resources={"dbt": dbt_resource(), "warehouse": WarehouseResource()},
     )
     assert result.success
+    return result
 
 
 def mart_rows(conn: psycopg.Connection) -> dict[str, list]:
@@ -119,6 +130,12 @@ def built(warehouse_url, instance, tmp_path_factory):
         yield
 
 
+def add_orders(conn: psycopg.Connection, order_ids: list[str], suffix: str) -> None:
+    for statement in NEW_ORDERS_SQL:
+        conn.execute(statement, {"tenant": TENANT, "order_ids": order_ids, "suffix": suffix})
+    conn.commit()
+
+
 def change_the_shop(conn: psycopg.Connection) -> dict[str, str]:
     """New orders, a changed order total, two customers merged through a shared document and
     a canceled order; the customer keys concerned."""
@@ -141,9 +158,7 @@ def change_the_shop(conn: psycopg.Connection) -> dict[str, str]:
             ),
             {"tenant": TENANT, "order_id": order_id, "donor": donor},
         )
-    for statement in NEW_ORDERS_SQL:
-        conn.execute(statement, {"tenant": TENANT, "order_ids": new_from})
-    conn.commit()
+    add_orders(conn, new_from, "-again")
     return {
         "merged": merged_key,
         "donor": donor_key,
@@ -184,3 +199,80 @@ def test_an_incremental_refresh_equals_a_full_rebuild(built, conn, instance, war
         assert mart_rows(conn) == incremental
         refresh(instance)  # the predictions and churn scores fitted on the rebuilt summary
         assert mart_rows(conn) == incremental
+
+
+def builds(conn: psycopg.Connection, sql: str) -> dict[str, object]:
+    """customer_key -> the build a query's second column names, in a fresh snapshot."""
+    conn.commit()
+    rows = dict(conn.execute(sql, (TENANT,)).fetchall())
+    conn.commit()
+    return rows
+
+
+SUMMARY_BUILDS_SQL = (
+    f"SELECT customer_key, built_at FROM intermediate.{SUMMARY_MODEL} WHERE tenant_id = %s"
+)
+SCORED_BUILDS_SQL = (
+    f"SELECT customer_key, summary_built_at FROM {PREDICTIONS_TABLE} WHERE tenant_id = %s"
+)
+FITS_SQL = "SELECT count(*) FROM analytics_python.clv_fits WHERE tenant_id = %s"
+PREDICTION_ROWS_SQL = f"""
+SELECT customer_key, frequency_x, recency_t_x_days, age_t_days, p_alive, p_no_purchase_90d,
+       expected_purchases_1y, expected_purchases_3y, expected_purchases_5y,
+       clv_1y::float8, clv_3y::float8, clv_5y::float8, model
+  FROM {PREDICTIONS_TABLE} WHERE tenant_id = %s ORDER BY customer_key COLLATE "C"
+"""
+
+
+def test_a_refresh_scores_the_changed_customers_with_the_stored_fit(built, conn, instance):
+    with temporary_environment({AS_OF_ENV: as_of_day()}):
+        refresh(instance)  # whatever ran before, every customer scored as of today
+        (fits,) = conn.execute(FITS_SQL, (TENANT,)).fetchone()
+        summary_before = builds(conn, SUMMARY_BUILDS_SQL)
+        scored_before = builds(conn, SCORED_BUILDS_SQL)
+        assert scored_before == summary_before
+        latest = conn.execute(PROFILE_ORDERS_SQL, {"tenant": TENANT}).fetchall()
+        buyers = {key for _, key in latest[50:53]}
+        add_orders(conn, [order_id for order_id, _ in latest[50:53]], "-scored")
+
+        result = refresh(instance)
+
+        summary_after = builds(conn, SUMMARY_BUILDS_SQL)
+        changed = {key for key, at in summary_after.items() if summary_before.get(key) != at}
+        assert changed == buyers
+        scored_after = builds(conn, SCORED_BUILDS_SQL)
+        assert scored_after == summary_after
+        assert {key for key, at in scored_after.items() if scored_before[key] != at} == changed
+        # No fit: the stored one scored the three customers.
+        assert conn.execute(FITS_SQL, (TENANT,)).fetchone() == (fits,)
+        (event,) = [
+            e
+            for e in result.get_asset_materialization_events()
+            if e.asset_key == customer_predictions.key
+        ]
+        recorded = event.materialization.metadata
+        assert recorded["fitted"].value is False
+        assert recorded["customers_scored"].value == len(changed)
+
+        # Every customer scored again with the stored parameters: the same rows.
+        conn.commit()
+        stored = tenant_states(conn, [TENANT])[TENANT].stored
+        (inputs,) = read_fit_inputs(conn, SUMMARY_MODEL, [TENANT])
+        full = score(stored.fit, inputs.x, inputs.t_x, inputs.T, inputs.m_x, inputs.spend_per_day)
+        rows = conn.execute(PREDICTION_ROWS_SQL, (TENANT,)).fetchall()
+        conn.commit()
+        assert [row[0] for row in rows] == inputs.keys
+        expected = zip(
+            inputs.keys,
+            inputs.x,
+            inputs.t_x,
+            inputs.T,
+            full.p_alive,
+            full.p_no_purchase_90d,
+            *(full.expected_purchases[m] for m in (12, 36, 60)),
+            *(np.round(full.clv[m], 2) for m in (12, 36, 60)),
+            strict=True,
+        )
+        for row, (key, *numbers) in zip(rows, expected, strict=True):
+            assert row[0] == key and row[-1] == full.model
+            assert row[1:-1] == pytest.approx(numbers, rel=1e-12, abs=1e-9), key

@@ -12,9 +12,10 @@ import pytest
 from click.testing import CliRunner
 from support import HISTORY_START, metadata, register, vtex_for
 
+from cdp_assets.analytics.feed_changes import FeedChanges, read_landings
 from cdp_assets.cli import main
 from cdp_assets.lib.warehouse import WarehouseResource
-from cdp_assets.partitions import tenants
+from cdp_assets.partitions import RANGE_END_TAG, RANGE_START_TAG, tenants
 from cdp_assets.sandbox import SandboxProcess, StoreSpec
 from cdp_assets.sandbox.faults import FEED_EVENT_DEFECTS
 from cdp_assets.tenants.registry import Tenant
@@ -30,6 +31,7 @@ from cdp_assets.vtex.feed import (
 )
 from cdp_assets.vtex.feed_defs import (
     IDLE_POLL,
+    TENANTS_LANDED,
     feed_run_requests,
     vtex_orders_feed,
     vtex_orders_feed_sensor,
@@ -51,6 +53,8 @@ ACCOUNTS = (
     "feedfail5xx",
     "feedfailbody",
     "feedobject",
+    "feedblocka",
+    "feedblockb",
 )
 
 
@@ -240,6 +244,73 @@ def test_events_of_a_failed_drain_stay_queued_and_land_on_the_next_run(conn, ins
         sandbox, "feedretry", order_ids
     )
     assert client.feed_config()["quantity"] == 0
+
+
+def test_a_failed_drain_in_a_block_leaves_the_others_landed_and_recorded(conn, instance, sandbox):
+    """One run drains two neighbouring tenants; Get order fails for every order of the first's
+    feed. The run fails naming it alone; the second's orders land and its drain is recorded,
+    so the refresh after the feed follows it; the first's events wait for the next drain."""
+    failing, healthy = "t_feed_block_a", "t_feed_block_b"
+    failing_client = enable_feed(
+        conn, sandbox, register(conn, failing, "feedblocka"), visibility_timeout_seconds=1
+    )
+    enable_feed(conn, sandbox, register(conn, healthy, "feedblockb"))
+    failing_orders = change_orders(sandbox, "feedblocka", changed=4, new=1)
+    healthy_orders = change_orders(sandbox, "feedblockb", changed=3, new=2)
+    instance.add_dynamic_partitions(tenants.name, [failing, healthy])  # neighbours: one range
+    _, after_storage_id = read_landings_since(instance, None)
+    sandbox.set_faults({"failing_orders": dict.fromkeys(failing_orders, "5xx")})
+    try:
+        block = dg.materialize(
+            [vtex_orders_feed],
+            instance=instance,
+            tags={RANGE_START_TAG: failing, RANGE_END_TAG: healthy},
+            resources={
+                "warehouse": WarehouseResource(),
+                "vtex": vtex_for(sandbox, max_retries=0),
+            },
+            raise_on_error=False,
+        )
+    finally:
+        sandbox.clear_faults()
+
+    assert not block.success
+    error = block.get_step_failure_events()[0].event_specific_data.error.to_string()
+    assert f"drained for {failing}: VtexRequestFailed" in error and healthy not in error
+    conn.rollback()
+    assert statuses(conn, healthy, healthy_orders) == truth_statuses(
+        sandbox, "feedblockb", healthy_orders
+    )
+    assert statuses(conn, failing, failing_orders) == {}
+    recorded = {
+        event.materialization.partition: event.materialization.metadata
+        for event in block.get_asset_materialization_events()
+    }
+    assert list(recorded) == [healthy]
+    assert recorded[healthy][TENANTS_LANDED].value == [healthy]
+    assert recorded[healthy]["rows_inserted"].value == 3 + 2  # the tenant was never synced
+    # What the feed-changes sensor reads: a refresh of the healthy tenant, not of the other.
+    landed, _ = read_landings_since(instance, after_storage_id)
+    assert landed == {healthy}
+    assert failing_client.feed_config()["quantity"] == 4 + 1 * 2  # read, none committed
+
+    time.sleep(1.1)  # VTEX shows uncommitted events again after the visibility timeout
+    retried = drain(instance, sandbox, failing)
+    assert retried.success and metadata(retried)["handles_committed"] == 6
+    conn.rollback()
+    assert statuses(conn, failing, failing_orders) == truth_statuses(
+        sandbox, "feedblocka", failing_orders
+    )
+
+
+def read_landings_since(
+    instance: dg.DagsterInstance, after_storage_id: int | None
+) -> tuple[set[str], int | None]:
+    """The tenants whose recorded drains landed orders after the storage id, as the
+    feed-changes sensor reads them, and where the reading stopped."""
+    changes = FeedChanges(after_storage_id)
+    read_landings(instance, changes)
+    return changes.pending, changes.after_storage_id
 
 
 def test_handles_are_committed_only_once_the_rows_are_visible_to_others(

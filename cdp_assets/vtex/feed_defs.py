@@ -5,7 +5,7 @@ neighbouring tenants, so that 41 busy feeds are one run a minute, not 41.
 The sensor only reads Postgres and the run storage; every VTEX call happens in the run.
 """
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 
 import dagster as dg
@@ -60,13 +60,14 @@ def vtex_orders_feed(
     config: FeedDrainConfig,
     warehouse: WarehouseResource,
     vtex: VtexResource,
-) -> dg.MaterializeResult:
+) -> Iterator[dg.AssetMaterialization | dg.MaterializeResult]:
     """Orders changed since the last drain, from the tenants' VTEX orders feed (v3): each event's
     order is re-read with Get order and upserted into raw_vtex.orders, and the events are
     committed on VTEX only once the rows are. Malformed events are quarantined; an order that
     cannot be read keeps its events queued, then is re-read by id by the next drains
     (raw_vtex.orders_to_reread). Turned on per tenant with `cdp tenants feed`. A run over a
-    block of tenants drains each in turn; one tenant's failure leaves the others drained."""
+    block of tenants drains each in turn; one tenant's failure leaves the others drained and
+    recorded, and fails the run naming it."""
     drains: dict[str, FeedDrain] = {}
     failed: dict[str, str] = {}
     for tenant_id in sorted(context.partition_keys):
@@ -85,9 +86,20 @@ def vtex_orders_feed(
                 " period); recreated it. Changes made meanwhile arrive with the List sync."
             )
     if failed:
+        # The run fails, naming the failed tenants, but the tenants drained still record their
+        # drains: the refresh after the feed (analytics/feed_changes.py) follows these
+        # materializations, and their events are committed on VTEX already, so no later drain
+        # would announce the orders they landed. A failed tenant's events stay queued.
+        for tenant_id, drain in drains.items():
+            yield dg.AssetMaterialization(
+                context.asset_key, partition=tenant_id, metadata=drains_metadata({tenant_id: drain})
+            )
         reasons = "; ".join(f"{tenant_id}: {reason}" for tenant_id, reason in failed.items())
-        raise dg.Failure(f"the orders feed could not be drained for {reasons}")
-    return dg.MaterializeResult(metadata=drains_metadata(drains))
+        raise dg.Failure(
+            f"the orders feed could not be drained for {reasons}",
+            metadata={"tenants_failed": dg.MetadataValue.json(sorted(failed))},
+        )
+    yield dg.MaterializeResult(metadata=drains_metadata(drains))
 
 
 def drains_metadata(drains: dict[str, FeedDrain]) -> dict:

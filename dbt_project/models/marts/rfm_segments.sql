@@ -1,57 +1,23 @@
--- RFM scores and the 11 named segments per customer, as of as_of (analytics.md §1.3, §5).
+-- RFM scores and the 11 named segments per customer, as of as_of (docs/analyst.md, RFM segments).
 -- R = days since the last purchase, F = purchase days (same-day orders are one purchase,
 -- as in the BG/NBD inputs; counting orders would reward VTEX's per-seller order splits),
 -- M = revenue. Scores are per-tenant quintiles from percent_rank (ties share a score).
 -- Tenants with fewer customers than var rfm_min_customers (20) get no rows: quintiles of a
 -- handful of customers are noise, and a lone customer would score 1/1/1 = "Lost".
-with purchase_summary as (
-    select * from {{ ref('int_customers__purchase_summary') }}
-    where {{ tenant_filter() }}
-),
-
-rfm_values as (
-    select
-        tenant_id,
-        customer_key,
-        age_t_days - recency_t_x_days as recency_days,
-        purchase_days as frequency,
-        revenue as monetary,
-        count(*) over (partition by tenant_id) as tenant_customers
-    from purchase_summary
-),
-
-scored as (
-    select
-        tenant_id,
-        customer_key,
-        recency_days,
-        frequency,
-        monetary,
-        -- Reversed: the most recent customers get 5.
-        {{ rfm_score('recency_days desc') }} as r_score,
-        {{ rfm_score('frequency') }} as f_score,
-        {{ rfm_score('monetary') }} as m_score
-    from rfm_values
-    where tenant_customers >= {{ var('rfm_min_customers') | int }}
-),
-
-combined as (
-    select
-        *,
-        -- Integer division floors: (4 + 5) / 2 = 4.
-        (f_score + m_score) / 2 as fm_score
-    from scored
+--
+-- Incremental: the ranks are the tenant's, so a refresh scores every customer of the tenant
+-- again (set-based: a sort per score), but writes only the rows whose figures, scores or
+-- segment moved, and deletes those of customers no longer scored (macro rfm_changed_rows, the
+-- pre-hook). A day's orders move few customers across a quintile boundary; rewriting every
+-- row of the tenant cost more than ranking it.
+{{ config(meta={'rows_rebuilt': 'changed_scores'}, pre_hook="{{ rfm_changed_rows() }}") }}
+-- depends_on: {{ ref('int_customers__purchase_summary') }}
+{% if is_incremental() %}
+select * from rfm_scored as scored
+where not exists (
+    select from {{ this }} as kept
+    where kept.tenant_id = scored.tenant_id and kept.customer_key = scored.customer_key
 )
-
-select
-    tenant_id,
-    customer_key,
-    recency_days,
-    frequency,
-    monetary,
-    r_score,
-    f_score,
-    m_score,
-    fm_score,
-    {{ rfm_segment('r_score', 'fm_score') }} as segment
-from combined
+{% else %}
+{{ rfm_scores() }}
+{% endif %}
