@@ -1,5 +1,5 @@
 """An analyst's dbt, as a person runs it: builds of their own that never touch production,
-deferral to production, concurrent builds, the README's add-an-audience recipe followed to
+deferral to production, concurrent builds, the analyst guide's add-an-audience recipe followed to
 the Meta sandbox, an audience view no model declares never pushed, source freshness, and
 plain dbt without the platform's connection."""
 
@@ -98,7 +98,7 @@ def person(warehouse_url: str, prefix: str) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def production(warehouse_url, instance):
     """One tenant ingested and analysed by the platform's own assets, audiences refreshed,
-    and a Meta destination of it, as the README's examples name them."""
+    and a Meta destination of it, as the analyst guide's examples name them."""
     resources = {"dbt": dbt_resource(), "warehouse": WarehouseResource()}
     with (
         temporary_environment({AS_OF_ENV: as_of_day()}),
@@ -269,7 +269,8 @@ def test_two_builds_of_one_tenant_at_once_neither_duplicate_nor_differ(productio
 
 
 def _recipe(readme: str) -> list[tuple[str, str, str]]:
-    """The README's add-an-audience recipe: (language, path named before it, code) per block."""
+    """The analyst guide's add-an-audience recipe: (language, path named before it, code) per
+    block."""
     section = readme.split("### Add an audience", 1)[1].split("\n### ", 1)[0]
     blocks = re.finditer(
         r"(?P<before>[^\n]*)\n+```(?P<language>\w+)\n(?P<code>.*?)```", section, re.S
@@ -329,10 +330,10 @@ PLATFORM_RUN = textwrap.dedent(
 )
 
 
-def test_the_readmes_recipe_adds_an_audience_dagster_lists_and_activation_pushes(
+def test_the_analyst_guides_recipe_adds_an_audience_dagster_lists_and_activation_pushes(
     production, conn, tmp_path
 ):
-    steps = _recipe((REPOSITORY / "README.md").read_text())
+    steps = _recipe((REPOSITORY / "docs" / "analyst.md").read_text())
     assert [language for language, _, _ in steps] == ["sql", "yaml", "bash"]
     copy = _copy_of_the_repository(tmp_path / "repository")
     (_, model_path, model), (_, properties_path, properties), (_, _, commands) = steps

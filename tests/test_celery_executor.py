@@ -250,7 +250,7 @@ def test_tenant_syncs_run_their_steps_on_two_celery_workers(
                     # Once a VTEX step of the first run has started. Two runs whose first
                     # claims on the pool fall in the same few milliseconds were both granted
                     # the slot in about 1 run of this test in 5 (Dagster 1.13.27, Postgres
-                    # storage; later claims always queued): a known gap, in the README.
+                    # storage; later claims always queued): a known gap, in docs/deployment.md.
                     wait_for("the first run's first VTEX step", _a_vtex_step_started(home), 120)
                 command = [str(BIN / "dagster"), "job", "execute", "-m", DEFINITIONS_MODULE]
                 # The tag the UI's launchpad and the schedule put on a tenant's run.

@@ -1,7 +1,7 @@
 {#-
     The purchase summary as of a date (an SQL date expression): one row per customer with a
     purchase on or before it, the counts, revenue and BG/NBD / Gamma-Gamma inputs
-    (analytics.md §2.1, §5.1). Orders collapse to purchase days first (lifetimes and
+    (Fader, Hardie & Lee 2005). Orders collapse to purchase days first (lifetimes and
     pymc-marketing do the same; VTEX also splits one checkout into one order per seller), so
     same-day orders are one purchase for frequency_x and their spend is summed.
 

@@ -1,4 +1,4 @@
--- The churn bands put to the test (analytics.md §4): each customer's band as of the
+-- The churn bands put to the test (docs/analyst.md, Churn risk): each customer's band as of the
 -- holdout's calibration date (var as_of minus var churn_holdout_days), by the same macro as
 -- churn_risk, from the purchase summary and a BG/NBD fit as of that date (the Python step
 -- holdout_predictions), beside whether the customer bought again from then to as_of. The

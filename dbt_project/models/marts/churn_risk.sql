@@ -1,4 +1,4 @@
--- Churn band per customer as of as_of (analytics.md §4, "Suggested bands"), deterministic
+-- Churn band per customer as of as_of (docs/analyst.md, Churn risk), deterministic
 -- and explainable first, refined by the model's P(alive) where that is informative.
 --
 -- Heuristic band (level 0-3 = low, medium, high, lost):
