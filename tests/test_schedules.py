@@ -1,18 +1,37 @@
-from datetime import date, datetime, timedelta
+import logging
+import uuid
+from datetime import UTC, date, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 import dagster as dg
+import psycopg
 import pytest
+import sqlalchemy
+from dagster._core.remote_origin import InProcessCodeLocationOrigin
+from dagster._core.test_utils import create_test_daemon_workspace_context
+from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
+from dagster._core.workspace.load_target import InProcessWorkspaceLoadTarget
+from dagster._scheduler.scheduler import launch_scheduled_runs
+from dagster._utils.schedules import cron_string_iterator
 
 from cdp_assets.analytics.jobs import ANALYTICS_JOB, CHURN_HOLDOUT_JOB
 from cdp_assets.analytics.schedules import audiences_every_48_hours, churn_holdout_weekly
 from cdp_assets.definitions import defs
 from cdp_assets.lib.dagster_home import apply_pool_limits
+from cdp_assets.lib.dagster_storage import storage_config
+from cdp_assets.lib.database import sqlalchemy_url, with_database
 from cdp_assets.lib.sync_state import OrderGaps
-from cdp_assets.lib.warehouse import WarehouseResource
-from cdp_assets.partitions import RANGE_END_TAG, RANGE_START_TAG, tenant_months, tenants
+from cdp_assets.lib.warehouse import WarehouseResource, migrated_url
+from cdp_assets.partitions import (
+    RANGE_END_TAG,
+    RANGE_START_TAG,
+    TENANT_RUN_TAG,
+    tenant_months,
+    tenants,
+)
 from cdp_assets.tenants.registry import Tenant, add_tenant, list_tenants
 from cdp_assets.tenants.runs import with_partitions
+from cdp_assets.vtex.jobs import vtex_orders_sync
 from cdp_assets.vtex.schedules import (
     REPAIR_MONTHS_PER_TICK,
     REPAIR_TAG,
@@ -23,6 +42,7 @@ from cdp_assets.vtex.schedules import (
 )
 
 BUENOS_AIRES = ZoneInfo("America/Argentina/Buenos_Aires")
+ORDERS_CHECKS = ("orders_landed_for_every_synced_tenant", "orders_read_and_reconciled")
 HOLDOUT_ASSETS = (
     "int_customers__holdout_summary",
     "holdout_predictions",
@@ -206,3 +226,86 @@ def test_the_daily_refresh_leaves_the_churn_holdout_to_its_weekly_job():
 def test_dbt_runs_one_at_a_time(instance):
     apply_pool_limits(instance)
     assert instance.event_log_storage.get_concurrency_info("dbt").slot_count == 1
+
+
+def test_a_tick_of_the_orders_schedule_creates_each_run_in_few_statements(
+    warehouse_url, monkeypatch
+):
+    """The daemon's tick, as Dagster's scheduler runs it: a queued run per tenant, each with
+    its planned month and checks recorded, in few statements a run (the tick creates one per
+    tenant; 400 tenants take it past its budget when each run costs two dozen)."""
+    name = f"cdp_tick_{uuid.uuid4().hex[:8]}"
+    url = migrated_url(with_database(warehouse_url, name))
+    monkeypatch.setenv("DATABASE_URL", url)
+    overrides = {
+        "storage": storage_config(sqlalchemy_url(url)),
+        "run_coordinator": {
+            "module": "dagster._core.run_coordinator",
+            "class": "QueuedRunCoordinator",
+        },
+        "telemetry": {"enabled": False},
+    }
+    tenant_ids = [f"tick_{i}" for i in range(6)]
+    statements: list[str] = []
+
+    def executed(_conn, _cursor, statement: str, *_: object) -> None:
+        statements.append(statement)
+
+    try:
+        with psycopg.connect(url) as conn:
+            for tenant in tenant_ids:
+                add_tenant(conn, Tenant(tenant, tenant.replace("_", ""), "K", "T"))
+        with (
+            dg.instance_for_test(overrides=overrides) as instance,
+            create_test_daemon_workspace_context(
+                InProcessWorkspaceLoadTarget(
+                    InProcessCodeLocationOrigin(
+                        LoadableTargetOrigin(module_name="cdp_assets.definitions"),
+                        location_name="cdp",
+                    )
+                ),
+                instance,
+            ) as workspace,
+        ):
+            instance.add_dynamic_partitions(tenants.name, tenant_ids)
+            due = next(
+                cron_string_iterator(
+                    datetime.now(UTC).timestamp(),
+                    vtex_orders_twice_daily.cron_schedule,
+                    vtex_orders_twice_daily.execution_timezone,
+                )
+            ).astimezone(UTC)
+
+            def scheduler_until(end: datetime) -> None:
+                logger = logging.getLogger("scheduler")
+                list(launch_scheduled_runs(workspace, logger, end, iteration_times={}))
+
+            scheduler_until(due - timedelta(minutes=1))  # the schedules' states, no tick yet
+            engines = [instance.run_storage._engine, instance.event_log_storage._engine]
+            for engine in engines:
+                sqlalchemy.event.listen(engine, "before_cursor_execute", executed)
+            try:
+                scheduler_until(due + timedelta(seconds=1))
+            finally:
+                for engine in engines:
+                    sqlalchemy.event.remove(engine, "before_cursor_execute", executed)
+
+            runs = instance.get_runs()
+            orders = [r for r in runs if r.job_name == vtex_orders_sync.name]
+            assert sorted(r.tags[TENANT_RUN_TAG] for r in orders) == tenant_ids
+            assert all(r.status == dg.DagsterRunStatus.QUEUED for r in orders)
+            # Each run's planned month and checks are recorded, as Dagster records them.
+            for run in orders:
+                planned = instance.get_records_for_run(
+                    run.run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION_PLANNED
+                ).records
+                assert [r.partition_key for r in planned] == [run.tags["dagster/partition"]]
+                for check in ORDERS_CHECKS:
+                    history = instance.event_log_storage.get_asset_check_execution_history(
+                        dg.AssetCheckKey(dg.AssetKey("vtex_orders"), check), limit=50
+                    )
+                    assert run.run_id in {c.run_id for c in history}, check
+            assert len(statements) / len(runs) <= 17, len(statements) / len(runs)
+    finally:
+        with psycopg.connect(with_database(warehouse_url, "postgres"), autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

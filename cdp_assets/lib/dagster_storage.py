@@ -22,7 +22,9 @@ materializations a run records when it is created, and the materializations of e
 one per asset and partition (615 and 615 for 41 tenants' dbt models and predictions), took a
 statement or more each. Dagster batches the materializations when `DAGSTER_EVENT_BATCH_SIZE`
 is set, which this event log sets unless the environment already does; a batch of planned
-materializations, which dagster-postgres stores one by one, is written here in one INSERT.
+materializations, which dagster-postgres stores one by one, is written here in one INSERT,
+with the planned evaluations of the asset's checks: each run the orders schedule creates plans
+one month and two checks, three INSERTs and three NOTIFYs a run, 400 times a tick.
 
 A backfill of `vtex_orders` is stored as one backfill per tenant (`vtex/backfills.py`), so its
 runs keep to one tenant each whatever the shape of the selection.
@@ -41,11 +43,12 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import cached_property
 from typing import Any
 
 import sqlalchemy as db
+from dagster._core.events import DagsterEventType
 from dagster._core.events.log import EventLogEntry
 from dagster._core.execution.backfill import PartitionBackfill
 from dagster._core.storage.event_log.schema import (
@@ -85,6 +88,13 @@ POOL_RECYCLE_SECONDS = 3600
 PING_AFTER_IDLE_SECONDS = 0.25
 # Events Dagster buffers before writing them in one batch (it reads the variable at each event).
 EVENT_BATCH_SIZE_ENV = "DAGSTER_EVENT_BATCH_SIZE"
+# What a run records when it is created, one per asset and partition and per asset check.
+PLANNED_EVENTS = frozenset(
+    {
+        DagsterEventType.ASSET_MATERIALIZATION_PLANNED,
+        DagsterEventType.ASSET_CHECK_EVALUATION_PLANNED,
+    }
+)
 COLUMNS_SQL = db.text(
     "SELECT attname FROM pg_attribute"
     " WHERE attrelid = to_regclass(:table) AND attnum > 0 AND NOT attisdropped"
@@ -175,32 +185,42 @@ class PooledPostgresEventLogStorage(_PooledStorage, PostgresEventLogStorage):
         super().__init__(postgres_url, *args, **kwargs)
 
     def store_event_batch(self, events: Sequence[EventLogEntry]) -> None:
-        planned = [e for e in events if e.get_dagster_event().is_asset_materialization_planned]
+        planned = [e for e in events if e.dagster_event_type in PLANNED_EVENTS]
         if len(planned) > 1:
-            self._store_planned_materializations(planned)
-            events = [
-                e for e in events if not e.get_dagster_event().is_asset_materialization_planned
-            ]
+            self._store_planned_events(planned)
+            events = [e for e in events if e.dagster_event_type not in PLANNED_EVENTS]
         if events:
             super().store_event_batch(events)
 
-    def _store_planned_materializations(self, events: Sequence[EventLogEntry]) -> None:
+    def _store_planned_events(self, events: Sequence[EventLogEntry]) -> None:
         """What `store_event` does for each, in one INSERT and one index transaction: each
-        asset's entry records its last planned event (the run that will materialize it)."""
+        asset's entry records its last planned event (the run that will materialize it), and
+        each planned check evaluation its execution row."""
         with self._connect() as conn:
-            event_ids = list(
+            event_ids: list[int] = list(
                 conn.execute(
                     self.prepare_insert_event_batch(events).returning(SqlEventLogStorageTable.c.id)
                 ).scalars()
             )
+        stored = list(zip(events, event_ids, strict=True))
+        materializations = [
+            (event, event_id)
+            for event, event_id in stored
+            if event.dagster_event_type == DagsterEventType.ASSET_MATERIALIZATION_PLANNED
+        ]
         last_of_asset = {
             event.get_dagster_event().asset_key: (event, event_id)
-            for event, event_id in zip(events, event_ids, strict=True)
+            for event, event_id in materializations
         }
         with self.index_transaction() as conn:
-            self._store_asset_event_tags(conn, events, event_ids)
+            self._store_asset_event_tags(
+                conn, [event for event, _ in materializations], [i for _, i in materializations]
+            )
             for event, event_id in last_of_asset.values():
                 self._store_asset_event(conn, event, event_id)
+        for event, event_id in stored:
+            if event.dagster_event_type == DagsterEventType.ASSET_CHECK_EVALUATION_PLANNED:
+                self.store_asset_check_event(event, event_id)
 
     def initialize_concurrency_limit_to_default(self, concurrency_key: str) -> bool:
         """The pool at the instance's default limit, unless an operator set its limit: one
@@ -244,6 +264,31 @@ class PooledPostgresEventLogStorage(_PooledStorage, PostgresEventLogStorage):
 
 
 class PooledPostgresRunStorage(_PooledStorage, PostgresRunStorage):
+    def __init__(self, postgres_url: str, *args: Any, **kwargs: Any) -> None:
+        # Snapshots known to be stored. One is stored under the hash of its content and never
+        # changes, and every run created asks for its job's and its plan's (the plan's by
+        # reading and decompressing it whole): hundreds of times per tick of the orders
+        # schedule, for the same two.
+        self._stored_snapshots: set[str] = set()
+        super().__init__(postgres_url, *args, **kwargs)
+
+    def has_job_snapshot(self, job_snapshot_id: str) -> bool:
+        return self._snapshot_stored(job_snapshot_id, super().has_job_snapshot)
+
+    def has_execution_plan_snapshot(self, execution_plan_snapshot_id: str) -> bool:
+        return self._snapshot_stored(
+            execution_plan_snapshot_id, super().has_execution_plan_snapshot
+        )
+
+    def _snapshot_stored(self, snapshot_id: str, ask: Callable[[str], bool]) -> bool:
+        if snapshot_id not in self._stored_snapshots and ask(snapshot_id):
+            self._stored_snapshots.add(snapshot_id)
+        return snapshot_id in self._stored_snapshots
+
+    def wipe(self) -> None:
+        super().wipe()
+        self._stored_snapshots.clear()
+
     # Every backfill passes here, the UI's included: orders run one tenant at a time.
     def add_backfill(self, partition_backfill: PartitionBackfill) -> None:
         for backfill in per_tenant_backfills(partition_backfill):
