@@ -48,7 +48,7 @@ def row_failed(row: dict[str, Any]) -> bool:
 
 
 def render_table(rows: Sequence[dict[str, Any]]) -> str:
-    """A Markdown table (readable in a terminal, pasted as is into the README)."""
+    """A Markdown table (readable in a terminal, pasted as is into docs/reliability.md)."""
     cells = [[str(row[key]) for key, _ in COLUMNS] for row in rows]
     headers = [title for _, title in COLUMNS]
     widths = [max([len(h), *(len(c[i]) for c in cells)]) for i, h in enumerate(headers)]

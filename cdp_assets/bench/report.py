@@ -597,7 +597,7 @@ def render_summary(reports: list[dict[str, Any]]) -> str:
     lines = [
         "# Benchmark results",
         "",
-        "Written by `cdp bench --scale small|seed|large` (see the README, Benchmarks). Every"
+        "Written by `cdp bench --scale small|seed|large` (see docs/benchmarks.md). Every"
         " stage runs the platform's own Dagster jobs, each run in a process of its own,"
         " against the loopback sandboxes; numbers vary with the machine and its load.",
         "",

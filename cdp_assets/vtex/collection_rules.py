@@ -5,7 +5,7 @@ One rule, parameterized per collection in `cdp.destination_audiences.params`:
 - ``rank_by``: ``revenue`` (sum of line totals) or ``buyers`` (distinct customers);
 - ``days``: purchases of the last N days; ``top_n``: how many SKUs.
 
-The examples in the README are this rule with different parameters: top 50 SKUs by revenue
+The examples in docs/operator.md are this rule with different parameters: top 50 SKUs by revenue
 among Champions in the last 90 days; products favoured by high-CLV customers (buyers, 365
 days); win-back picks for at-risk customers (buyers among audience_rfm_at_risk).
 """

@@ -42,7 +42,7 @@
                 "audience " ~ model.name ~ " must be an incremental table with an enforced contract"
                 ~ " declaring (with data_type) at least tenant_id and customer_key"
                 ~ (" (missing: " ~ missing | join(', ') ~ ")" if missing else "")
-                ~ ": declare it in models/audiences/_audiences__models.yml (README, Add an audience)"
+                ~ ": declare it in models/audiences/_audiences__models.yml (docs/analyst.md, Add an audience)"
             ) }}
         {%- endif -%}
     {%- endif -%}

@@ -16,7 +16,7 @@
 
 {#-
     The project's 5x5 (r_score, fm_score) table of docs/analyst.md (RFM segments), in the CASE's
-    §1.3; total and non-overlapping, all 11 segments reachable:
+    order below; total and non-overlapping, all 11 segments reachable:
 
       r\fm  1               2                   3                   4                5
       5     New Customers   Potential Loyalist  Potential Loyalist  Champions        Champions
