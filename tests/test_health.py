@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import uuid
 from collections.abc import Iterator
 from contextlib import ExitStack
@@ -32,6 +33,7 @@ from cdp_assets.ops.health import HEARTBEAT_TOLERANCE_ENV, instigator_problems, 
 from cdp_assets.ops.metrics import THRESHOLDS_ENV
 from cdp_assets.ops.metrics_defs import OpsMetricsResource, operations_metrics
 from cdp_assets.ops.status import collect_status, watched_assets
+from cdp_assets.ops.surface import read_surface
 from cdp_assets.partitions import tenants
 from cdp_assets.tenants.registry import Tenant, add_tenant, set_active
 from cdp_assets.vtex.resources import VtexResource
@@ -133,6 +135,48 @@ def test_the_daemon_and_operations_judged_by_the_clock(own_platform, monkeypatch
     assert "is its schedule running?" in found[("asset", "operations_metrics")]
 
 
+# What loading the code location imports (`cdp_assets.definitions`: dbt's manifest, the
+# destinations' SDKs, the predictions' fitting), none of which a verdict needs.
+CODE_LOCATION_MODULES = {
+    "cdp_assets.definitions",
+    "dagster_dbt",
+    "scipy",
+    "facebook_business",
+    "google.ads.googleads",
+}
+
+
+def test_cdp_status_check_in_its_own_process_does_not_load_the_code_location(
+    own_platform, tmp_path: Path, monkeypatch
+):
+    """As a probe or an operator runs it: the schedules, sensors and watched assets come from
+    the code location's committed surface, so the verdict costs its queries, not the imports."""
+    url, _ = own_platform
+    monkeypatch.setenv("DATABASE_URL", url)
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster_home"))
+    monkeypatch.setenv("CDP_DAGSTER_PG_URL", "")  # restored after; set by prepare_dagster_home
+    prepare_dagster_home(url)
+    with dg.DagsterInstance.get() as instance:
+        daemon_alive(instance)
+        instance.report_runless_asset_event(dg.AssetMaterialization("operations_metrics"))
+    result = subprocess.run(
+        [str(BIN / "cdp"), "status", "--check"],
+        env={**os.environ, "PYTHONPROFILEIMPORTTIME": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    assert result.stdout.splitlines()[-1] == "healthy"
+    imported = {
+        line.rsplit("|", 1)[-1].strip()
+        for line in result.stderr.splitlines()
+        if line.startswith("import time:")
+    }
+    assert "cdp_assets.ops.status" in imported  # the log is of the status path
+    assert not imported & CODE_LOCATION_MODULES
+
+
 def _health(url: str) -> tuple[int, dict] | None:
     try:
         response = requests.get(url, timeout=20)
@@ -205,9 +249,7 @@ def test_the_health_endpoint_answers_200_then_503_naming_the_reason(tmp_path: Pa
 
         # Every schedule and sensor the daemon ticks is judged: fine now, stalled if the
         # clock ran on with no tick.
-        from cdp_assets.definitions import defs
-
-        instigators = instigators_of(defs)
+        instigators = instigators_of(read_surface())
         now = datetime.now(UTC)
         assert instigator_problems(instance, instigators, now) == []
         stalled = instigator_problems(instance, instigators, now + timedelta(minutes=20))

@@ -26,6 +26,7 @@ from dagster._utils.schedules import cron_string_iterator
 from cdp_assets.lib import settings
 from cdp_assets.lib.ages import format_age
 from cdp_assets.lib.redaction import redact
+from cdp_assets.ops.surface import Surface
 
 # The daemon writes a heartbeat every 30 s per daemon thread; Dagster's own tolerance (30
 # minutes) is for its UI, far too late for a probe. $CDP_HEARTBEAT_TOLERANCE_SECONDS sets it,
@@ -109,7 +110,7 @@ def daemon_problems(instance: dg.DagsterInstance, now: datetime) -> list[Problem
             silent.append(daemon)
             if beat is not None:
                 last_beats.append(beat)
-        elif heartbeat.errors:
+        elif heartbeat is not None and heartbeat.errors:
             error = heartbeat.errors[0]
             detail = f"reported {error.cls_name}: {error.message}"
             problems.append(Problem("daemon", daemon, one_line(detail)))
@@ -133,26 +134,26 @@ class Instigator:
     interval: timedelta | None = None
 
 
-def instigators_of(definitions: dg.Definitions) -> list[Instigator]:
+def instigators_of(surface: Surface) -> list[Instigator]:
+    """The schedules and sensors of the code location whose surface (`surface.py`) is given."""
     found = [
         Instigator(
-            s.name,
+            name,
             InstigatorType.SCHEDULE,
-            s.default_status == dg.DefaultScheduleStatus.RUNNING,
-            cron_schedule=str(s.cron_schedule),
-            timezone=s.execution_timezone,
+            schedule["default_running"],
+            cron_schedule=schedule["cron_schedule"],
+            timezone=schedule["timezone"],
         )
-        for s in definitions.schedules or ()
-        if isinstance(s, dg.ScheduleDefinition)
+        for name, schedule in surface["schedules"].items()
     ]
     found.extend(
         Instigator(
-            s.name,
+            name,
             InstigatorType.SENSOR,
-            s.default_status == dg.DefaultSensorStatus.RUNNING,
-            interval=timedelta(seconds=s.minimum_interval_seconds or 30),
+            sensor["default_running"],
+            interval=timedelta(seconds=sensor["minimum_interval_seconds"]),
         )
-        for s in definitions.sensors or ()
+        for name, sensor in surface["sensors"].items()
     )
     return found
 
@@ -167,6 +168,7 @@ def _next_due(instigator: Instigator, after: datetime) -> datetime:
     """When the instigator should tick next after a tick at `after`."""
     if instigator.interval is not None:
         return after + SENSOR_MISSED_INTERVALS * instigator.interval + SENSOR_GRACE
+    assert instigator.cron_schedule is not None  # a schedule, not a sensor
     ticks = cron_string_iterator(
         after.timestamp() + 1, instigator.cron_schedule, instigator.timezone
     )

@@ -6,6 +6,10 @@ the platform itself is alive (`health.py`: the daemon, the schedules and sensors
 platform's own assets). Together they are the verdict of `cdp status --check` and of the
 health endpoint: `Status.problems`, each naming its tenant where it is one tenant's.
 
+What the code location holds (the assets each FRESHNESS name stands for, the schedules and
+sensors) is read from its committed surface (`surface.py`), not by loading it: a probe pays for
+its queries, not for importing dbt's manifest and the destinations' SDKs.
+
 Everything comes from the Dagster instance the UI uses (its event log and runs) and the
 warehouse, so the answer matches what the UI shows. The event log is read past a cursor into
 the latest state of each tenant partition (`partition_state.py`), so a call costs what happened
@@ -44,6 +48,7 @@ from cdp_assets.ops.metrics import (
     render_metrics,
 )
 from cdp_assets.ops.partition_state import partition_outcomes
+from cdp_assets.ops.surface import read_surface, watched_assets_of, watched_in
 from cdp_assets.ops.sync_errors import SyncError, latest_errors
 from cdp_assets.tenants.registry import TenantError, list_tenants
 from cdp_assets.vtex.resources import VtexResource
@@ -146,21 +151,9 @@ class _Outcome:
 
 
 def watched_assets(definitions: dg.Definitions | None = None) -> dict[str, tuple[dg.AssetKey, ...]]:
-    """FRESHNESS names -> the asset keys each stands for (a `@dbt_assets` name: all its models),
-    read from the code location so a renamed asset cannot silently drop out of the check."""
-    if definitions is None:
-        # The whole code location (dbt manifest included): loaded only when asked.
-        from cdp_assets.definitions import defs as definitions
-    found = {}
-    for assets_def in definitions.assets or ():
-        if isinstance(assets_def, dg.AssetsDefinition) and assets_def.is_executable:
-            name = assets_def.node_def.name
-            if name in FRESHNESS:
-                found[name] = tuple(sorted(assets_def.keys))
-    missing = sorted(FRESHNESS.keys() - found.keys())
-    if missing:
-        raise LookupError(f"FRESHNESS names assets the code location lacks: {', '.join(missing)}")
-    return {name: found[name] for name in FRESHNESS}
+    """FRESHNESS names -> the asset keys each stands for (a `@dbt_assets` name: all its models):
+    in `definitions`, or else in the code location's committed surface."""
+    return watched_assets_of(read_surface()) if definitions is None else watched_in(definitions)
 
 
 def _outcomes(
@@ -245,7 +238,7 @@ def collect_status(
     watched asset (default: every FRESHNESS entry, resolved by `watched_assets()`), the
     operations metrics (with `tenant_ids`, of those tenants' runs and VTEX accounts), and the
     platform's own health (its schedules and sensors: `instigators`, default the code
-    location's)."""
+    location's, from its surface)."""
     now = now or datetime.now(UTC)
     active = [t.tenant_id for t in list_tenants(conn, active_only=True)]
     if tenant_ids:
@@ -285,9 +278,7 @@ def collect_status(
                 )
             )
     if instigators is None:
-        from cdp_assets.definitions import defs
-
-        instigators = instigators_of(defs)
+        instigators = instigators_of(read_surface())
     platform = [
         *daemon_problems(instance, now),
         *instigator_problems(instance, instigators, now),
