@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 import warnings
+from contextlib import AbstractContextManager
 from datetime import date
 from pathlib import Path
 
@@ -280,7 +281,7 @@ def dev(port: int, health_port: int, sandbox: bool) -> None:
     click.echo(f"DAGSTER_HOME={home}")
     # Alerts link to runs in this UI unless a deployment says where its UI is.
     os.environ.setdefault(UI_URL_ENV, f"http://127.0.0.1:{port}")
-    stack = []
+    stack: list[AbstractContextManager[object, bool | None]] = []
     try:
         if sandbox:
             from cdp_assets.demo import (
@@ -335,8 +336,8 @@ def dev(port: int, health_port: int, sandbox: bool) -> None:
                 process.send_signal(signal.SIGINT)
         for process in locals().get("processes", []):
             process.wait(timeout=30)
-        for server in stack:
-            server.__exit__(None, None, None)
+        for entered in stack:
+            entered.__exit__(None, None, None)
 
 
 @main.group()

@@ -66,7 +66,12 @@ def build_definitions() -> dg.Definitions:
         privacy_defs(),
     )
     # Each asset links to the code that computes it (dbt models to their SQL as well).
-    assets = dg.with_source_code_references(domains.assets or [])
+    assets: list[dg.AssetsDefinition | dg.AssetSpec] = []
+    for asset in dg.with_source_code_references(list(domains.assets or [])):
+        # Owners and freshness go on specs: a source asset would have none to take them.
+        if not isinstance(asset, dg.AssetsDefinition | dg.AssetSpec):
+            raise TypeError(f"{asset!r}: define assets with specs or asset definitions")
+        assets.append(asset)
     mapped = dg.map_asset_specs(owners_and_freshness(domains), assets)
     return dg.Definitions(
         assets=mapped,

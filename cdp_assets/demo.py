@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
+from typing import Any
 
 import dagster as dg
 import psycopg
@@ -26,7 +27,12 @@ from cdp_assets.lib.dagster_home import prepare_dagster_home
 from cdp_assets.lib.database import cdp_home
 from cdp_assets.lib.warehouse import migrated_url
 from cdp_assets.ops.metrics_defs import operations_metrics_job
-from cdp_assets.partitions import month_start, order_months, tenant_month_range_tags, tenants
+from cdp_assets.partitions import (
+    TENANT_PARTITIONS,
+    month_start,
+    order_months,
+    tenant_month_range_tags,
+)
 from cdp_assets.sandbox import (
     GoogleSandbox,
     MetaSandbox,
@@ -96,7 +102,7 @@ def credential_refs(tenant_id: str) -> tuple[str, str]:
     return f"{prefix}_APP_KEY", f"{prefix}_APP_TOKEN"
 
 
-def register_demo_tenants(conn, sandbox: SandboxProcess) -> list[Tenant]:
+def register_demo_tenants(conn: psycopg.Connection, sandbox: SandboxProcess) -> list[Tenant]:
     """Register the demo tenants against the sandbox; their secrets go to this process's env."""
     os.environ["VTEX_BASE_URL_TEMPLATE"] = sandbox.base_url + "/{account}"
     # The sandbox is ours to load; VTEX's own limit does not apply on loopback.
@@ -128,7 +134,7 @@ META_DEMO_TOKEN = "demo-meta-token"  # what the Meta sandbox accepts; not a real
 BEST_SELLERS = {"audience": "audience_rfm_champions", "rank_by": "revenue", "days": 730}
 WIN_BACK = {"audience": "audience_rfm_at_risk", "rank_by": "buyers", "days": 730, "top_n": 30}
 # (destination, audiences or collection rules): each tenant uses a different mix.
-DEMO_DESTINATIONS = {
+DEMO_DESTINATIONS: dict[str, list[tuple[str, list[str] | dict[str, dict[str, Any]]]]] = {
     "acme": [
         ("meta", ["audience_rfm_champions", "audience_high_clv", "audience_win_back"]),
         ("vtex_collections", {"champions_best_sellers": BEST_SELLERS}),
@@ -185,24 +191,24 @@ def register_demo_destinations(conn: psycopg.Connection) -> None:
     conn.commit()
 
 
-def sync_tenant_partitions(instance: dg.DagsterInstance, conn) -> list[str]:
+def sync_tenant_partitions(instance: dg.DagsterInstance, conn: psycopg.Connection) -> list[str]:
     """What the tenant sensor does on a tick, applied at once."""
-    existing = set(instance.get_dynamic_partitions(tenants.name))
+    existing = set(instance.get_dynamic_partitions(TENANT_PARTITIONS))
     added, removed, _ = plan_tenant_partitions(conn, existing)
     if added:
-        instance.add_dynamic_partitions(tenants.name, added)
+        instance.add_dynamic_partitions(TENANT_PARTITIONS, added)
     for key in removed:
-        instance.delete_dynamic_partition(tenants.name, key)
+        instance.delete_dynamic_partition(TENANT_PARTITIONS, key)
     return sorted((existing | set(added)) - set(removed))
 
 
 def order_range_tags(tenant: Tenant) -> dict[str, str]:
     """One run over the demo's months of a tenant, as a backfill from the UI would do."""
     start = datetime.combine(max(tenant.history_start, DEMO_SYNC_FROM), datetime.min.time(), UTC)
+    last = order_months.get_last_partition_key()
+    assert last is not None  # monthly partitions from 2020 on
     return tenant_month_range_tags(
-        tenant.tenant_id,
-        order_months.get_partition_key_for_timestamp(start.timestamp()),
-        order_months.get_last_partition_key(),
+        tenant.tenant_id, order_months.get_partition_key_for_timestamp(start.timestamp()), last
     )
 
 
@@ -211,7 +217,11 @@ QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
 
 
 def run_job(
-    instance: dg.DagsterInstance, job_name: str, label: str, echo: Callable[[str], None], **run
+    instance: dg.DagsterInstance,
+    job_name: str,
+    label: str,
+    echo: Callable[[str], None],
+    **run: Any,
 ) -> None:
     started = time.monotonic()
     # dbt's own console lines go to a file; the run's events are in Dagster either way.

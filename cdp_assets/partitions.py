@@ -6,7 +6,9 @@ import dagster as dg
 
 from cdp_assets.tenants.registry import SLUG
 
-tenants = dg.DynamicPartitionsDefinition(name="tenants")
+# The name the instance stores the tenant partitions under.
+TENANT_PARTITIONS = "tenants"
+tenants = dg.DynamicPartitionsDefinition(name=TENANT_PARTITIONS)
 
 # VTEX order dates are UTC, so month windows are UTC too; the current month is a
 # partition (end_offset=1) so the twice-daily sync has somewhere to land.

@@ -464,7 +464,7 @@ def story(warehouse_url: str, instance: dg.DagsterInstance) -> Iterator[Story]:
         SandboxProcess(list(STORES.values())) as vtex,
         MetaSandbox(tokens) as meta,
         GoogleSandbox(job_seconds=0, processing_seconds=0) as google,
-        psycopg.connect(warehouse_url) as conn,
+        psycopg.connect(warehouse_url, autocommit=True) as conn,
     ):
         env = {
             "VTEX_BASE_URL_TEMPLATE": vtex.base_url + "/{account}",

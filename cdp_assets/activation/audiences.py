@@ -171,6 +171,6 @@ def audience_signatures(
         ).format(audience=sql.Identifier(audience)),
         (wanted,),
     ).fetchall()
-    found = dict(rows)
+    found: dict[str, str] = dict(rows)
     # No member: what count and digest give for none.
     return {tenant_id: found.get(tenant_id, "0:") for tenant_id in wanted}

@@ -194,10 +194,12 @@ def destinations_audience(
         with _connect() as conn:
             _require_destination(conn, destination_id)
             if not off:
-                (platform,) = conn.execute(
+                row = conn.execute(
                     "SELECT platform FROM cdp.destinations WHERE destination_id = %s",
                     (destination_id,),
                 ).fetchone()
+                assert row is not None  # _require_destination found it
+                (platform,) = row
                 if platform == "vtex_masterdata":
                     _require_customer_fields(audience, params)
                 else:

@@ -216,7 +216,7 @@ class MemberSource:
     fresh: Callable[[], Iterator[tuple[str, str, Row]]]
     confirmed: sql.Composable | None = None
     params: dict[str, Any] = field(default_factory=dict)
-    excluded: sql.Composable | None = None
+    excluded: sql.Composed | None = None
 
 
 # Working tables are emptied by DELETE up to this size together, truncated past it. A
@@ -443,12 +443,13 @@ def refresh_state_statistics(conn: psycopg.Connection, changed: int) -> bool:
     against a table it believes near empty, a re-sync of 650,000 members ran a nested loop
     over the audience for every confirmed member (stopped after 28 minutes) instead of an
     index lookup per member (seconds). Autovacuum may be late, or off."""
-    (threshold,) = conn.execute(
+    row = conn.execute(
         "SELECT current_setting('autovacuum_analyze_threshold')::float8"
         " + current_setting('autovacuum_analyze_scale_factor')::float8 * greatest(reltuples, 0)"
         " FROM pg_class WHERE oid = 'cdp.destination_members'::regclass"
     ).fetchone()
-    if changed <= threshold:
+    assert row is not None
+    if changed <= row[0]:
         return False
     conn.execute("ANALYZE cdp.destination_members")
     conn.commit()
@@ -591,7 +592,7 @@ def _sync(
     key = {"destination_id": destination.destination_id, "audience": target.audience}
     asynchronous = isinstance(platform, AsynchronousPlatform)
     # The verdicts come first: members they take out or put back change what is to send.
-    if asynchronous and target.platform_audience_id and not dry_run:
+    if isinstance(platform, AsynchronousPlatform) and target.platform_audience_id and not dry_run:
         _settle(conn, key, run, platform, outcome)
     loaded, outcome.unmatchable = _load_fresh(conn, members, platform)
     if members.excluded is not None:
@@ -695,7 +696,6 @@ def _send_diff(
     """`to_remove` and `to_add`: the counts `_counts` found; a side with none is not read.
     An asynchronous platform processes the removals before it takes the additions: when it
     is still busy with them, the additions wait for a later sync."""
-    asynchronous = isinstance(platform, AsynchronousPlatform)
     leaving = _DEPARTURES if isinstance(platform, OverwritingPlatform) else _REMOVALS
     removals = _pages(conn, leaving, key, platform.batch_size) if to_remove else iter(())
     for page in removals:
@@ -711,7 +711,7 @@ def _send_diff(
         outcome.removed += len(accepted)
         outcome.rejected += len(result.rejected)
         outcome.requests += result.requests
-    if to_remove and asynchronous:
+    if to_remove and isinstance(platform, AsynchronousPlatform):
         outcome.requests += platform.submit(platform_id)
         busy = platform.busy(platform_id) if to_add else None
         if busy is not None:
@@ -728,7 +728,7 @@ def _send_diff(
         outcome.added += len(accepted)
         outcome.rejected += len(result.rejected)
         outcome.requests += result.requests
-    if to_add and asynchronous:
+    if to_add and isinstance(platform, AsynchronousPlatform):
         outcome.requests += platform.submit(platform_id)
 
 

@@ -4,6 +4,7 @@
 import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import UTC, date, datetime
+from typing import Any
 
 import dagster as dg
 import psycopg
@@ -25,6 +26,14 @@ from cdp_assets.partitions import tenants
 from cdp_assets.tenants.registry import SLUG
 
 MANIFEST = ensure_manifest()
+# What a dbt invocation streams to Dagster.
+DbtEvent = (
+    dg.Output
+    | dg.AssetMaterialization
+    | dg.AssetObservation
+    | dg.AssetCheckResult
+    | dg.AssetCheckEvaluation
+)
 # Read by macro run_var.
 RUN_VARS_ENV = "CDP_DBT_RUN_VARS"
 # The analytics' as-of day, YYYY-MM-DD; unset (as in production), the day a refresh started.
@@ -89,7 +98,7 @@ def run_tenants(context: dg.AssetExecutionContext) -> list[str]:
 
 def _run_dbt(
     context: dg.AssetExecutionContext, dbt: CdpDbtCliResource, tenant_ids: Sequence[str] | None
-):
+) -> Iterator[DbtEvent]:
     # Cautious: a test joining a model of another asset (churn_risk -> customers) runs with
     # the asset that holds all its parents, not with the first one to build.
     # Unit tests check the SQL, not the data: CI and analysts run them, scheduled runs need not.
@@ -146,7 +155,7 @@ def bar_chart(sizes: Sequence[tuple[str, str, int]], width: int = 30) -> str:
     return "```\n" + "\n".join(rows) + "\n```"
 
 
-_tenant_dbt = {
+_tenant_dbt: dict[str, Any] = {
     "manifest": MANIFEST,
     "project": dbt_project,
     "dagster_dbt_translator": tenant_translator,
@@ -181,10 +190,10 @@ def holdout_metadata(conn: psycopg.Connection, tenant_ids: Sequence[str]) -> dic
 
 def _with_metadata(
     assets_def: dg.AssetsDefinition,
-    events: Iterator,
+    events: Iterator[DbtEvent],
     tenant_ids: Sequence[str],
     extra: Mapping[str, Callable[[psycopg.Connection, Sequence[str]], dict]],
-) -> Iterator:
+) -> Iterator[DbtEvent]:
     """dbt's events, with `extra[model](conn, tenant_ids)` added to the named models' outputs."""
     by_output = {
         assets_def.get_output_name_for_asset_key(dg.AssetKey(model)): metadata

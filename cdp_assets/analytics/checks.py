@@ -30,7 +30,9 @@ ORDER BY 1, 2
 def audience_sizes_within_bounds(warehouse: WarehouseResource) -> dg.AssetCheckResult:
     with warehouse.connect() as conn:
         offenders = conn.execute(BOUNDS_SQL, {"share": MAX_SEGMENT_SHARE}).fetchall()
-        (audiences,) = conn.execute("SELECT count(*) FROM audiences.audience_catalog").fetchone()
+        row = conn.execute("SELECT count(*) FROM audiences.audience_catalog").fetchone()
+    assert row is not None
+    (audiences,) = row
     return dg.AssetCheckResult(
         passed=not offenders,
         metadata={

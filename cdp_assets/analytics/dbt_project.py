@@ -63,7 +63,8 @@ class CdpDbtCliResource(DbtCliResource):
     def _cli_version(self) -> Version:
         return Version(version("dbt-core"))
 
-    def _initialize_dbt_core_adapter(self, args: Sequence[str]) -> None:
+    # Declared as returning an adapter, but its caller takes None, as when creating one fails.
+    def _initialize_dbt_core_adapter(self, args: Sequence[str]) -> None:  # type: ignore[override]
         return None
 
     def forked_cli(
@@ -118,7 +119,8 @@ class CdpDbtCliResource(DbtCliResource):
             *params.selection_args,
         ]
         return DbtCliInvocation(
-            process=ForkedDbt(command, env, project_dir),  # type: ignore[arg-type] (Popen's part)
+            # Declared a Popen; the invocation uses only the part of one that ForkedDbt has.
+            process=ForkedDbt(command, env, project_dir),  # type: ignore[arg-type]
             manifest=params.manifest,
             dagster_dbt_translator=params.dagster_dbt_translator,
             project_dir=project_dir,
@@ -131,7 +133,8 @@ class CdpDbtCliResource(DbtCliResource):
 
 
 def dbt_resource() -> CdpDbtCliResource:
-    return CdpDbtCliResource(project_dir=dbt_project, dbt_executable=DBT_EXECUTABLE)
+    # The resource's `__init__` takes a DbtProject; the signature mypy reads is its fields'.
+    return CdpDbtCliResource(project_dir=dbt_project, dbt_executable=DBT_EXECUTABLE)  # type: ignore[arg-type]
 
 
 # dbt's output: each run leaves a folder of its own in target/, thousands of files over time.

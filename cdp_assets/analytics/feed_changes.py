@@ -55,9 +55,16 @@ def read_landings(instance: dg.DagsterInstance, changes: FeedChanges) -> None:
         )
         for record in result.records:
             changes.after_storage_id = record.storage_id
-            landed = record.asset_materialization.metadata.get(TENANTS_LANDED)
-            if landed is not None and record.partition_key in landed.value:
-                changes.pending.add(record.partition_key)
+            materialization = record.asset_materialization
+            assert materialization is not None  # the records are materializations
+            landed = materialization.metadata.get(TENANTS_LANDED)
+            tenant = record.partition_key
+            if (
+                isinstance(landed, dg.JsonMetadataValue)
+                and tenant is not None
+                and tenant in (landed.value or ())
+            ):
+                changes.pending.add(tenant)
         if not result.has_more:
             return
 

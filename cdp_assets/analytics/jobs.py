@@ -14,7 +14,7 @@ from cdp_assets.analytics.assets import (
 from cdp_assets.analytics.clv_scorecard_asset import clv_scorecard
 from cdp_assets.analytics.prediction_assets import customer_predictions, holdout_predictions
 from cdp_assets.lib.run_bounds import run_bound
-from cdp_assets.partitions import RANGE_END_TAG, RANGE_START_TAG, tenants
+from cdp_assets.partitions import RANGE_END_TAG, RANGE_START_TAG, TENANT_PARTITIONS, tenants
 from cdp_assets.tenants.runs import run_tenants_of
 
 ANALYTICS_JOB = "analytics_tenant_refresh"
@@ -92,7 +92,7 @@ def tenants_in_flight(
 def all_tenants_tags(instance: dg.DagsterInstance) -> dict[str, str]:
     """The tags of one run over every tenant partition the instance knows (a range: one dbt
     build for all of them)."""
-    keys = instance.get_dynamic_partitions(tenants.name)
+    keys = instance.get_dynamic_partitions(TENANT_PARTITIONS)
     if not keys:
         raise LookupError("no tenant partition yet: register a tenant (`cdp tenants add`)")
     return {RANGE_START_TAG: keys[0], RANGE_END_TAG: keys[-1]}

@@ -315,7 +315,7 @@ def tenant_states(conn: psycopg.Connection, tenant_ids: Sequence[str]) -> dict[s
         stored = None
         if fit_as_of is not None:
             fit = _stored_fit(model, reason, params, gap)
-            stored = fit and StoredFit(fit_as_of, fit_customers, fit)
+            stored = StoredFit(fit_as_of, fit_customers, fit) if fit is not None else None
         states[tenant_id] = TenantState(stored, count, as_of)
     return states
 
@@ -324,10 +324,11 @@ def _stored_fit(
     model: str, reason: str | None, params: list[float | None], gap: float | None
 ) -> Fit | None:
     """The fit a clv_fits row records, or None when it lacks what scoring needs."""
-    r, alpha, a, b, p, q, gamma = params
     if model == MODEL:
-        if None in params:
+        known = [value for value in params if value is not None]
+        if len(known) < len(params):
             return None
+        r, alpha, a, b, p, q, gamma = known
         return Fit(model, BgNbdParams(r, alpha, a, b), GammaGammaParams(p, q, gamma))
     return None if gap is None else Fit(model, heuristic_gap_days=gap, fallback_reason=reason)
 

@@ -18,6 +18,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from cdp_assets.analytics import clv
+from cdp_assets.analytics.clv import BgNbdFit, GammaGammaFit
 
 HORIZON_MONTHS = (12, 36, 60)
 DAYS_PER_MONTH = 30.0
@@ -50,9 +51,10 @@ class Predictions:
     p_no_purchase_90d: NDArray[np.float64]
     expected_purchases: dict[int, NDArray[np.float64]]  # by horizon in months
     clv: dict[int, NDArray[np.float64]]
-    # The fits themselves (likelihoods, convergence) when this call fitted the models.
-    bgnbd: clv.BgNbdFit | None = None
-    gamma_gamma: clv.GammaGammaFit | None = None
+    # The fits themselves (likelihoods, convergence) when this call fitted the models; their
+    # types by name, as the field `clv` hides the module inside the class.
+    bgnbd: BgNbdFit | None = None
+    gamma_gamma: GammaGammaFit | None = None
     fit_details: dict[str, float] = field(default_factory=dict)
 
     @property

@@ -250,7 +250,7 @@ class GoogleAdsAudiences:
             if failure is None:
                 raise
             missing = list_missing(failure) if audience is not None else None
-            if missing is not None:
+            if audience is not None and missing is not None:
                 raise AudienceGone(audience, *missing) from None
             raise refusal(error, failure) from error
 

@@ -8,7 +8,7 @@ environment's identity); the Google Ads developer token is the destination's
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypedDict
 
 import dagster as dg
 
@@ -18,6 +18,12 @@ from cdp_assets.lib import settings
 if TYPE_CHECKING:
     from cdp_assets.google.data_manager import DataManagerAudiences
     from cdp_assets.google.google_ads import GoogleAdsAudiences
+
+
+class _CallSettings(TypedDict):
+    attempts: int
+    retry_base_seconds: float
+    call_timeout_seconds: float
 
 
 class GoogleResource(dg.ConfigurableResource):
@@ -34,7 +40,7 @@ class GoogleResource(dg.ConfigurableResource):
     def audiences_for(self, destination: Destination) -> DataManagerAudiences | GoogleAdsAudiences:
         # Google's generated clients take a while to import (the Data Manager API's 0.1 s,
         # Google Ads' 0.8 s more): only the steps that push pay it, for their platform alone.
-        settings = {
+        settings: _CallSettings = {
             "attempts": self.attempts,
             "retry_base_seconds": self.retry_base_seconds,
             "call_timeout_seconds": self.timeout_seconds,

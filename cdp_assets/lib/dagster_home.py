@@ -4,9 +4,13 @@ import os
 import shutil
 from importlib.resources import files
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from cdp_assets.lib import settings
 from cdp_assets.lib.database import cdp_home, sqlalchemy_url
+
+if TYPE_CHECKING:
+    import dagster as dg
 
 
 def prepare_dagster_home(warehouse_url: str) -> Path:
@@ -37,7 +41,7 @@ POOL_LIMITS = {DBT_POOL: 1}
 DEFAULT_LIMIT_POOLS = (VTEX_API_POOL, META_API_POOL, GOOGLE_API_POOL)
 
 
-def apply_pool_limits(instance) -> None:
+def apply_pool_limits(instance: "dg.DagsterInstance") -> None:
     """Create the platform's pools on an instance, with their limits; safe to repeat.
 
     dbt's limit is the platform's (its runs share views); an API pool takes the instance's

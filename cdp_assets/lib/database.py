@@ -199,7 +199,7 @@ def session_parameters(url: str) -> dict[str, Any]:
     timeout, TCP keepalives and a statement timeout (added to the URL's own `options`)."""
     connect_timeout = settings.positive_number(CONNECT_TIMEOUT_ENV)
     statement_timeout = settings.positive_number(STATEMENT_TIMEOUT_ENV)
-    options = psycopg.conninfo.conninfo_to_dict(url).get("options")
+    options = str(psycopg.conninfo.conninfo_to_dict(url).get("options") or "")
     return {
         # libpq counts whole seconds, and takes less than 2 as 2.
         "connect_timeout": max(2, math.ceil(connect_timeout)),
@@ -213,7 +213,7 @@ def session_parameters(url: str) -> dict[str, Any]:
     }
 
 
-def connect(url: str | None = None, **kwargs) -> psycopg.Connection:
+def connect(url: str | None = None, **kwargs: Any) -> psycopg.Connection:
     """A session of the platform on its database (or `url`), bounded in time."""
     url = url or database_url()
     return psycopg.connect(url, **{**session_parameters(url), **kwargs})

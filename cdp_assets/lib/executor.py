@@ -77,7 +77,7 @@ class StepStoppingExecutor(Executor):
         return self.inner.step_dependency_config
 
     def execute(self, plan_context: Any, execution_plan: Any) -> Iterator[dg.DagsterEvent]:
-        running: dict[str, int] = {}  # step key -> its process
+        running: dict[str | None, int] = {}  # step key -> its process
         reaper: threading.Timer | None = None
         try:
             for event in self.inner.execute(plan_context, execution_plan):
@@ -113,7 +113,9 @@ def _stop_requested(event: dg.DagsterEvent) -> bool:
 
 
 def _multiprocess_or_in_process(init_context: dg.InitExecutorContext) -> Executor:
-    executor = dg.multi_or_in_process_executor.executor_creation_fn(init_context)
+    create = dg.multi_or_in_process_executor.executor_creation_fn
+    assert create is not None  # set by the `@executor` decorator
+    executor = create(init_context)
     if not isinstance(executor, MultiprocessExecutor):
         return executor
     return StepStoppingExecutor(executor, settings.positive_number(STEP_STOP_GRACE_ENV))

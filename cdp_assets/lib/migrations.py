@@ -14,7 +14,9 @@ _MIGRATION_LOCK = 727_001
 
 def migration_files() -> list[tuple[str, str]]:
     folder = files("cdp_assets.lib") / "migrations"
-    sql_files = sorted(p for p in folder.iterdir() if p.name.endswith(".sql"))
+    sql_files = sorted(
+        (p for p in folder.iterdir() if p.name.endswith(".sql")), key=lambda p: p.name
+    )
     return [(p.name.removesuffix(".sql"), p.read_text()) for p in sql_files]
 
 

@@ -183,7 +183,7 @@ class _WatchedHTTPConnection(HTTPConnection):
         _watchdog.attach(sock)  # before TLS and proxy handshakes, which it bounds too
         return sock
 
-    def request(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
+    def request(self, *args: Any, **kwargs: Any) -> None:
         if self.sock is not None:  # a pooled connection, reused
             _watchdog.attach(self.sock)
         super().request(*args, **kwargs)
@@ -238,9 +238,8 @@ class BoundedSession(requests.Session):
         guard = _Guard(self.deadlines.total_seconds, owner=self)
         try:
             with _watchdog.watching(guard):
-                response = super().request(
-                    method, url, *args, timeout=timeout or self.deadlines.per_read(), **kwargs
-                )
+                kwargs["timeout"] = timeout or self.deadlines.per_read()
+                response = super().request(method, url, *args, **kwargs)
         except requests.TooManyRedirects as error:
             raise RedirectRefused(
                 f"{described(method, url)} was redirected more than {self.max_redirects} times"

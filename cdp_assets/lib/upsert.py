@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -28,7 +29,7 @@ class RawTable:
         return ("tenant_id", self.key_column, "change_stamp", *self.extra_columns, "payload")
 
     @property
-    def qualified(self) -> sql.Composed:
+    def qualified(self) -> sql.Identifier:
         return sql.Identifier(self.schema, self.name)
 
 
@@ -45,7 +46,7 @@ class UpsertCounts:
 
 
 # (key, change_stamp, *extra column values, payload as JSON text)
-Row = tuple[str, datetime, ...]
+Row = tuple[str, datetime, *tuple[Any, ...], str]
 
 # What a row's own content makes Postgres refuse (a number jsonb cannot hold, text it cannot
 # store, a constraint, a key too large for its index); anything else fails the batch.
@@ -122,7 +123,9 @@ def upsert_documents(
             sql.SQL("{c} = excluded.{c}").format(c=sql.Identifier(c)) for c in updatable
         ),
     )
-    inserted, updated = conn.execute(query).fetchone()
+    counts = conn.execute(query).fetchone()
+    assert counts is not None  # an aggregate answers one row
+    inserted, updated = counts
     conn.execute(sql.SQL("TRUNCATE {}").format(incoming))
     # A key repeated within the batch counts as unchanged: it was received, nothing moved.
     return UpsertCounts(

@@ -54,8 +54,8 @@ def post_alert(
             response.raise_for_status()
     except (requests.RequestException, OutboundError) as error:
         # Not str(error): it quotes the URL, and a webhook URL is itself a credential.
-        response = getattr(error, "response", None)  # requests' errors carry the answer
-        status = response.status_code if response is not None else None
+        answer = getattr(error, "response", None)  # requests' errors carry the answer
+        status = answer.status_code if answer is not None else None
         detail = f", HTTP {status}" if status else ""
         log.warning(f"alert webhook not reached ({type(error).__name__}{detail})")
         return False

@@ -134,7 +134,12 @@ def load_thresholds(
                 raise ValueError(f"{origin}: unknown metric {name!r} (known: {', '.join(found)})")
             if not isinstance(fields, Mapping) or not set(fields) <= {"target", "alert"}:
                 raise ValueError(f"{origin}: {name} takes only 'target' and 'alert'")
-            found[name] = replace(found[name], **{k: float(v) for k, v in fields.items()})
+            current = found[name]
+            found[name] = replace(
+                current,
+                target=float(fields["target"]) if "target" in fields else current.target,
+                alert=float(fields["alert"]) if "alert" in fields else current.alert,
+            )
     for name, threshold in found.items():
         inside = (
             threshold.alert > threshold.target
@@ -246,6 +251,7 @@ def _durations(runs: Sequence[RunSample], since: datetime, now: datetime) -> dic
             end = now
         else:
             continue
+        assert end is not None  # a finished run has ended
         durations[_subject(run.tenant_id)].append((end - run.started_at).total_seconds())
     return durations
 
@@ -483,7 +489,12 @@ def _moment(timestamp: float | None) -> datetime | None:
 
 def _number(metadata: Mapping[str, dg.MetadataValue], key: str) -> float:
     value = metadata.get(key)
-    return float(value.value) if value is not None else 0.0
+    if value is None:
+        return 0.0
+    number = value.value
+    if not isinstance(number, int | float | str):
+        raise TypeError(f"metadata {key!r} holds {type(number).__name__}, not a number")
+    return float(number)
 
 
 def collect_history(instance: dg.DagsterInstance, now: datetime) -> History:
@@ -544,6 +555,7 @@ def collect_history(instance: dg.DagsterInstance, now: datetime) -> History:
             by_run[event.run_id or event.storage_id].append(event)
         for events in by_run.values():
             latest = max(events, key=lambda e: e.storage_id)
+            assert latest.asset_materialization is not None  # the records are materializations
             metadata = latest.asset_materialization.metadata
             if "api_requests" not in metadata:
                 continue
@@ -567,11 +579,13 @@ def count_connections(conn: psycopg.Connection) -> Connections:
     """Client connections (idle ones hold a slot too) to this database and to the server."""
     # Within a transaction pg_stat_activity answers from a snapshot taken at its first read.
     conn.execute("SELECT pg_stat_clear_snapshot()")
-    database, server, limit = conn.execute(
+    row = conn.execute(
         "SELECT count(*) FILTER (WHERE datname = current_database()), count(*),"
         " current_setting('max_connections')::int"
         " FROM pg_stat_activity WHERE backend_type = 'client backend'"
     ).fetchone()
+    assert row is not None
+    database, server, limit = row
     return Connections(database=database, server=server, max_connections=limit)
 
 

@@ -63,7 +63,7 @@ def metric_check_results(report: MetricsReport) -> list[dg.AssetCheckResult]:
     for metric, threshold in report.thresholds.items():
         worst = report.worst(metric)
         severity = worst.severity if worst else Severity.OK
-        metadata = {"target": threshold.target, "alert": threshold.alert}
+        metadata: dict[str, float | str] = {"target": threshold.target, "alert": threshold.alert}
         if worst is not None:
             metadata["value"] = worst.value
             if worst.subject:

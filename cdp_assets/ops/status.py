@@ -194,11 +194,11 @@ def _outcomes(
 def _combine(outcomes: Sequence[_Outcome]) -> _Outcome:
     """A group of keys (a dbt asset's models) is as fresh as its stalest model, and failed when
     any of them failed."""
-    successes = [o.last_success for o in outcomes]
+    successes = [o.last_success for o in outcomes if o.last_success is not None]
     failures = sorted((o.failed_at, o.failed_run_id) for o in outcomes if o.failed_run_id)
     return _Outcome(
         partition_key=next((o.partition_key for o in outcomes if o.partition_key), None),
-        last_success=None if None in successes else min(successes, default=None),
+        last_success=min(successes) if successes and len(successes) == len(outcomes) else None,
         failed_run_id=failures[-1][1] if failures else None,
         failed_at=failures[-1][0] if failures else None,
     )

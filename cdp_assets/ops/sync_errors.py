@@ -87,6 +87,8 @@ def _user_error(error: SerializableErrorInfo) -> SerializableErrorInfo:
 def _message_of(error: SerializableErrorInfo) -> str:
     """The message without the `module.ClassName: ` prefix Dagster stores with it."""
     text = error.message.strip()
+    if error.cls_name is None:
+        return text
     prefix = re.match(rf"(?:[\w.]+\.)?{re.escape(error.cls_name)}(?::\s*|$)", text)
     return text[prefix.end() :] if prefix else text
 
@@ -104,7 +106,8 @@ def sync_error_from_run(
     step_event = getattr(data, "first_step_failure_event", None)
     if error is not None:
         error = _user_error(error)
-        error_type, message = error.cls_name, _message_of(error)
+        # Dagster's name for a failure it cannot classify (`RunFailureReason.UNKNOWN`).
+        error_type, message = error.cls_name or "UNKNOWN", _message_of(error)
     else:
         reason = getattr(data, "failure_reason", None)
         error_type = reason.value if reason else "RUN_FAILURE"

@@ -9,6 +9,7 @@ from datetime import datetime
 from typing import Any
 
 import psycopg
+from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from cdp_assets.lib.redaction import redact
@@ -122,11 +123,12 @@ def complete_request(conn: psycopg.Connection, request_id: int) -> None:
 
 
 def get_request(conn: psycopg.Connection, request_id: int) -> PrivacyRequest | None:
-    row = conn.execute(
-        "SELECT request_id, tenant_id, kind, given, targets, status, last_error, requested_at,"
-        " completed_at FROM cdp.privacy_requests WHERE request_id = %s",
-        (request_id,),
-    ).fetchone()
+    with conn.cursor(row_factory=dict_row) as cursor:
+        row = cursor.execute(
+            "SELECT request_id, tenant_id, kind, given, targets, status, last_error,"
+            " requested_at, completed_at FROM cdp.privacy_requests WHERE request_id = %s",
+            (request_id,),
+        ).fetchone()
     if row is None:
         return None
     steps = [
@@ -137,4 +139,4 @@ def get_request(conn: psycopg.Connection, request_id: int) -> PrivacyRequest | N
             (request_id,),
         )
     ]
-    return PrivacyRequest(*row, steps=steps)
+    return PrivacyRequest(**row, steps=steps)

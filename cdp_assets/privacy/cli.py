@@ -3,6 +3,9 @@ data a destination may receive."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any, TypeVar
+
 import click
 import psycopg
 
@@ -57,10 +60,14 @@ _PERSON = [
 ]
 
 
-def _person_options(command: click.Command) -> click.Command:
+# The options go on the command's function, before `privacy.command` makes it a command.
+_Function = TypeVar("_Function", bound=Callable[..., Any])
+
+
+def _person_options(function: _Function) -> _Function:
     for option in reversed(_PERSON):
-        command = option(command)
-    return command
+        function = option(function)
+    return function
 
 
 @click.group()

@@ -490,7 +490,7 @@ def remove_from_destinations(
 def _removals_awaiting_verdicts(
     conn: psycopg.Connection, tenant_id: str, customer_keys: list[str]
 ) -> int:
-    (awaiting,) = conn.execute(
+    row = conn.execute(
         """
         SELECT count(*) FROM cdp.destination_requests r
         JOIN cdp.destinations d USING (destination_id)
@@ -500,7 +500,8 @@ def _removals_awaiting_verdicts(
         (tenant_id, customer_keys),
     ).fetchone()
     conn.commit()
-    return awaiting
+    assert row is not None
+    return row[0]
 
 
 def run_erase(conn: psycopg.Connection, request_id: int, platform_for: PlatformFor) -> None:
@@ -516,11 +517,12 @@ def run_erase(conn: psycopg.Connection, request_id: int, platform_for: PlatformF
     tenant_id, targets, status = row
     if status == "completed":
         return
-    (locked,) = conn.execute(
+    lock = conn.execute(
         "SELECT pg_try_advisory_lock(%s, %s)", (_REQUEST_LOCK, request_id)
     ).fetchone()
     conn.commit()
-    if not locked:
+    assert lock is not None
+    if not lock[0]:
         raise RequestBusy(f"request {request_id} is being carried out by another process")
     steps: dict[str, Callable[[], dict]] = {
         "mask_raw": lambda: mask_raw(conn, tenant_id, targets),

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import dagster as dg
 
 from cdp_assets.lib.warehouse import WarehouseResource
-from cdp_assets.partitions import RANGE_END_TAG, RANGE_START_TAG, tenants
+from cdp_assets.partitions import RANGE_END_TAG, RANGE_START_TAG, TENANT_PARTITIONS
 from cdp_assets.tenants.registry import Tenant, list_tenants
 
 
@@ -24,12 +24,12 @@ def with_partitions(rows: list[Tenant], partition_keys: set[str]) -> list[Tenant
 def tenants_with_partitions(
     context: dg.ScheduleEvaluationContext | dg.SensorEvaluationContext,
     warehouse: WarehouseResource,
-) -> tuple[list[Tenant], list[str]]:
+) -> tuple[list[Tenant], Sequence[str]]:
     """Active tenants that already have a partition (the sensor adds new ones first), and the
     partitions in their order."""
     with warehouse.connect() as conn:
         rows = list_tenants(conn, active_only=True)
-    order = context.instance.get_dynamic_partitions(tenants.name)
+    order = context.instance.get_dynamic_partitions(TENANT_PARTITIONS)
     return with_partitions(rows, set(order)), order
 
 

@@ -4,7 +4,7 @@ import dagster as dg
 import psycopg
 
 from cdp_assets.lib.warehouse import WarehouseResource
-from cdp_assets.partitions import tenants
+from cdp_assets.partitions import TENANT_PARTITIONS, tenants
 from cdp_assets.tenants.registry import TenantError, list_tenants
 
 
@@ -35,14 +35,14 @@ def plan_tenant_partitions(
 def tenant_partitions_sensor(
     context: dg.SensorEvaluationContext, warehouse: WarehouseResource
 ) -> dg.SensorResult | dg.SkipReason:
-    existing = set(context.instance.get_dynamic_partitions(tenants.name))
+    existing = set(context.instance.get_dynamic_partitions(TENANT_PARTITIONS))
     with warehouse.connect() as conn:
         added, removed, refused = plan_tenant_partitions(conn, existing)
     for message in refused:
         context.log.warning(message)
     if not added and not removed:
         return dg.SkipReason(f"{len(existing)} tenant partitions, all up to date")
-    requests = []
+    requests: list[dg.AddDynamicPartitionsRequest | dg.DeleteDynamicPartitionsRequest] = []
     if added:
         requests.append(tenants.build_add_request(added))
     if removed:

@@ -2,6 +2,7 @@
 
 import functools
 from collections import defaultdict
+from contextlib import AbstractContextManager
 from datetime import UTC, date, datetime, timedelta
 
 import dagster as dg
@@ -64,7 +65,7 @@ class CustomersSyncConfig(dg.Config):
     """Scroll every CL document instead of those updated since the cursor minus 48 h."""
 
 
-def _retry(context: dg.AssetExecutionContext, vtex: VtexResource):
+def _retry(context: dg.AssetExecutionContext, vtex: VtexResource) -> AbstractContextManager[None]:
     """Step retries for what outlived the client's own retries: VTEX still failing, or the
     database connection dropped."""
     return retry_transient(
@@ -249,7 +250,7 @@ def vtex_orders(
     )
 
 
-def _whole_tenant_asset(name: str, table: RawTable, description: str):
+def _whole_tenant_asset(name: str, table: RawTable, description: str) -> dg.AssetsDefinition:
     """Catalog entities: one full read per tenant partition."""
 
     @dg.asset(

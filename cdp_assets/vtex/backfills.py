@@ -56,7 +56,8 @@ def per_tenant_backfills(backfill: PartitionBackfill) -> list[PartitionBackfill]
     assert data is not None
     slices = []
     for index, tenant in enumerate(sorted(by_tenant)):
-        target = AssetGraphSubset(
+        # Dagster's NamedTuple sets `__hash__ = None`, which mypy takes for a third field.
+        target = AssetGraphSubset(  # type: ignore[call-arg]
             partitions_subsets_by_asset_key={
                 VTEX_ORDERS: DefaultPartitionsSubset(frozenset(by_tenant[tenant]))
             }

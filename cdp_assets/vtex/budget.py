@@ -69,7 +69,7 @@ class SharedBudget:
                 if self._conn is None or self._conn.closed:
                     self._conn = connect(self.url, autocommit=True)
                 cursor = self._conn.execute(query, params)
-                return cursor.fetchone() if cursor.description else ()
+                return (cursor.fetchone() or ()) if cursor.description else ()
             except psycopg.OperationalError:
                 if self._conn is not None:
                     self._conn.close()

@@ -676,8 +676,8 @@ class VtexClient:
             body = reply.data if reply is not None else None
             window = body.get("data") if isinstance(body, dict) else None
             span = body.get("range") if isinstance(body, dict) else None
-            total = span.get("total") if isinstance(span, dict) else None
-            if not isinstance(window, dict) or _integer_id(total) is None:
+            total = _integer_id(span.get("total")) if isinstance(span, dict) else None
+            if not isinstance(window, dict) or total is None:
                 raise self._malformed(
                     PRODUCT_IDS_PATH,
                     f"answered {_shape(reply)} without a `data` object and a `range.total`",
@@ -685,7 +685,7 @@ class VtexClient:
             listing.page(len(window))
             ids.update(self._integer_ids(window, PRODUCT_IDS_PATH))
             start += CATALOG_WINDOW
-            if start > int(total):
+            if start > total:
                 return sorted(ids)
 
     def get_product(self, product_id: int) -> Reply | None:
@@ -788,8 +788,8 @@ class VtexClient:
                     ) from error
                 time.sleep(self._backoff(lost))
             except VtexError:  # refused, as an expired token is
-                page, token = self._open_scroll(position)
-                return page, token, False
+                page, fresh = self._open_scroll(position)
+                return page, fresh, False
 
     def _search_customers(
         self, after: datetime | None, until: datetime | None

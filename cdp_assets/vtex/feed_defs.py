@@ -13,7 +13,7 @@ import dagster as dg
 from cdp_assets.lib.dagster_home import VTEX_API_POOL
 from cdp_assets.lib.run_bounds import run_bound
 from cdp_assets.lib.warehouse import WarehouseResource
-from cdp_assets.partitions import tenants
+from cdp_assets.partitions import TENANT_PARTITIONS, tenants
 from cdp_assets.tenants.registry import get_tenant
 from cdp_assets.tenants.runs import block_request, run_priority, run_tenants_of, tenant_blocks
 from cdp_assets.vtex.feed import (
@@ -196,7 +196,7 @@ def vtex_orders_feed_sensor(
         feeds = enabled_feeds(conn)
     if not feeds:
         return dg.SkipReason("no tenant has the orders feed on")
-    partition_order = context.instance.get_dynamic_partitions(tenants.name)
+    partition_order = context.instance.get_dynamic_partitions(TENANT_PARTITIONS)
     now = datetime.now(UTC)
     due = feed_run_requests(
         feeds, set(partition_order), feed_runs_in_flight(context.instance, partition_order), now

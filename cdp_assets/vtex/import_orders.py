@@ -20,7 +20,7 @@ from cdp_assets.lib.rejects import Reject
 from cdp_assets.lib.sync_state import record_imported_months
 from cdp_assets.lib.upsert import Row
 from cdp_assets.tenants.registry import vtex_orders_available_from
-from cdp_assets.vtex.records import InvalidRecord, order_row, reject
+from cdp_assets.vtex.records import InvalidRecord, OrderRow, order_row, reject
 from cdp_assets.vtex.sync import ORDERS, Landing, land
 
 GZIP_MAGIC = b"\x1f\x8b"
@@ -36,7 +36,7 @@ def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
                 yield number, line.rstrip(b"\r\n")
 
 
-def _record(number: int, line: bytes, source: str) -> Row | Reject:
+def _record(number: int, line: bytes, source: str) -> OrderRow | Reject:
     try:
         document = orjson.loads(line)
     except orjson.JSONDecodeError:

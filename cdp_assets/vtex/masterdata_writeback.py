@@ -262,7 +262,7 @@ class VtexMasterDataFields:
             found = reply.data if reply is not None else None
             if not isinstance(found, list):
                 raise VtexError(f"GET {SEARCH_PATH} did not answer a list of documents")
-            return {d.get("id") for d in found if isinstance(d, dict)}
+            return {d["id"] for d in found if isinstance(d, dict) and isinstance(d.get("id"), str)}
 
         chunks = [document_ids[i : i + SEARCH_IDS] for i in range(0, len(document_ids), SEARCH_IDS)]
         return set().union(*self.client.map_concurrent(search, chunks))

@@ -163,7 +163,11 @@ def order_summary(doc: dict[str, Any]) -> dict[str, Any]:
     return summary
 
 
-def order_row(doc: Any, raw: bytes) -> Row:
+# (orderId, lastChange, creationDate, summary JSON, payload JSON): the orders table's row.
+OrderRow = tuple[str, datetime, datetime, str, str]
+
+
+def order_row(doc: Any, raw: bytes) -> OrderRow:
     key = _key(doc, "orderId")
     try:
         stamp = change_stamp(doc.get("lastChange"), "lastChange")

@@ -96,12 +96,13 @@ class Landing:
     def request_metadata(self) -> dict[str, float | int]:
         """The VTEX requests made, at what pace, and the time taken, which the operations
         metrics read."""
-        pace = {"api_requests_per_second": self.requests_per_second}
+        rate = self.requests_per_second
+        pace = {"api_requests_per_second": rate} if rate else {}
         return {
             "api_requests": self.api.requests,
             "api_429_responses": self.api.throttled,
             "api_retries": self.api.retries,
-            **(pace if self.requests_per_second else {}),
+            **pace,
             "seconds": round(time.monotonic() - self.started, 3),
         }
 
