@@ -20,9 +20,9 @@ import dagster as dg
 import psycopg
 
 from cdp_assets.activation.destinations import Destination, add_audience, add_destination
+from cdp_assets.activation.meta.assets import meta_custom_audiences
+from cdp_assets.activation.meta.resources import MetaResource
 from cdp_assets.lib.warehouse import WarehouseResource
-from cdp_assets.meta.assets import meta_custom_audiences
-from cdp_assets.meta.resources import MetaResource
 from cdp_assets.partitions import tenants
 from cdp_assets.sandbox.audience_warehouse import (
     AUDIENCE,

@@ -6,10 +6,8 @@ import dagster as dg
 
 from cdp_assets.activation.definitions import defs as activation_defs
 from cdp_assets.analytics.definitions import defs as analytics_defs
-from cdp_assets.google.definitions import defs as google_defs
-from cdp_assets.lib.executor import executor_from_env
+from cdp_assets.framework.executor import executor_from_env
 from cdp_assets.lib.warehouse import WarehouseResource
-from cdp_assets.meta.definitions import defs as meta_defs
 from cdp_assets.ops.definitions import defs as ops_defs
 from cdp_assets.ops.freshness import FRESHNESS
 from cdp_assets.ops.status import watched_assets
@@ -59,8 +57,6 @@ def build_definitions() -> dg.Definitions:
         tenants_defs(),
         vtex_defs(),
         analytics_defs(),
-        meta_defs(),
-        google_defs(),
         activation_defs(),
         ops_defs(),
         privacy_defs(),

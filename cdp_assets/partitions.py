@@ -1,4 +1,4 @@
-"""Partitions shared by every tenant-scoped asset."""
+"""Partitions shared by every tenant-scoped asset, and the time zone the schedules keep."""
 
 from datetime import UTC, datetime
 
@@ -6,6 +6,8 @@ import dagster as dg
 
 from cdp_assets.tenants.registry import SLUG
 
+# The stores' (and their operators') clock: schedules tick on it.
+TIMEZONE = "America/Argentina/Buenos_Aires"
 # The name the instance stores the tenant partitions under.
 TENANT_PARTITIONS = "tenants"
 tenants = dg.DynamicPartitionsDefinition(name=TENANT_PARTITIONS)

@@ -13,7 +13,7 @@ import psycopg
 import pytest
 from reliability_report import Report
 
-from cdp_assets.lib.dagster_storage import storage_config
+from cdp_assets.framework.dagster_storage import storage_config
 from cdp_assets.lib.database import database_url, sqlalchemy_url, with_database
 from cdp_assets.lib.warehouse import migrated_url
 

@@ -23,9 +23,9 @@ from click.testing import CliRunner
 
 from cdp_assets.activation.cli import destinations
 from cdp_assets.activation.destinations import Destination
+from cdp_assets.activation.google.assets import google_customer_match
+from cdp_assets.activation.google.resources import GoogleResource
 from cdp_assets.activation.identifiers import sha256_hex
-from cdp_assets.google.assets import google_customer_match
-from cdp_assets.google.resources import GoogleResource
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.sandbox.google_grpc import GoogleSandbox
 

@@ -27,11 +27,11 @@ from google.rpc import error_details_pb2
 
 from cdp_assets.activation.cli import destinations
 from cdp_assets.activation.destinations import Destination
+from cdp_assets.activation.google.assets import google_customer_match
+from cdp_assets.activation.google.data_manager import data_manager_clients, rejected_members
+from cdp_assets.activation.google.google_ads import GoogleAdsAudiences, google_ads_services
+from cdp_assets.activation.google.resources import GoogleResource
 from cdp_assets.activation.identifiers import sha256_hex
-from cdp_assets.google.assets import google_customer_match
-from cdp_assets.google.data_manager import data_manager_clients, rejected_members
-from cdp_assets.google.google_ads import GoogleAdsAudiences, google_ads_services
-from cdp_assets.google.resources import GoogleResource
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.sandbox.google_grpc import GoogleSandbox
 
@@ -259,7 +259,7 @@ _CLIENT_IMPORTS = """
 import sys
 import cdp_assets.definitions
 from cdp_assets.activation.destinations import Destination
-from cdp_assets.google.resources import GoogleResource
+from cdp_assets.activation.google.resources import GoogleResource
 GoogleResource(sandbox_address="127.0.0.1:1").audiences_for(
     Destination("d1", "t1", sys.argv[1], "1234567890", credential_refs={"developer_token": "T"})
 )

@@ -41,6 +41,9 @@ from cdp_assets.activation.identifiers import (
     normalize_phone,
     sha256_hex,
 )
+from cdp_assets.activation.meta.assets import meta_custom_audiences
+from cdp_assets.activation.meta.audiences import FORM_PIECE, MetaAudiences, MetaError, form_encode
+from cdp_assets.activation.meta.resources import MetaResource
 from cdp_assets.activation.run import FAILURE_LENGTH, failure_description
 from cdp_assets.activation.sync import (
     DELETE_UP_TO_BYTES,
@@ -50,9 +53,6 @@ from cdp_assets.activation.sync import (
 )
 from cdp_assets.lib.outbound import Deadlines
 from cdp_assets.lib.warehouse import WarehouseResource
-from cdp_assets.meta.assets import meta_custom_audiences
-from cdp_assets.meta.audiences import FORM_PIECE, MetaAudiences, MetaError, form_encode
-from cdp_assets.meta.resources import MetaResource
 from cdp_assets.partitions import RANGE_END_TAG, RANGE_START_TAG, tenants
 from cdp_assets.sandbox.meta_graph import GraphLimits, MetaSandbox
 
@@ -688,11 +688,11 @@ def test_reset_and_history_refuse_what_does_not_exist(url, sandbox) -> None:
 _RUN_WORKER = """
 import sys
 import dagster as dg
-from cdp_assets.lib.dagster_storage import storage_config
+from cdp_assets.framework.dagster_storage import storage_config
 from cdp_assets.lib.database import sqlalchemy_url
 from cdp_assets.lib.warehouse import WarehouseResource
-from cdp_assets.meta.assets import meta_custom_audiences
-from cdp_assets.meta.resources import MetaResource
+from cdp_assets.activation.meta.assets import meta_custom_audiences
+from cdp_assets.activation.meta.resources import MetaResource
 
 instance_url, warehouse_url, graph_url, tenant_id = sys.argv[1:]
 storage = {"storage": storage_config(sqlalchemy_url(instance_url))}

@@ -22,6 +22,9 @@ from click.testing import CliRunner
 from cdp_assets.activation.audiences import audience_signatures
 from cdp_assets.activation.cli import destinations
 from cdp_assets.activation.destinations import Destination
+from cdp_assets.activation.google.assets import google_customer_match
+from cdp_assets.activation.meta.assets import meta_custom_audiences
+from cdp_assets.activation.meta.resources import MetaResource
 from cdp_assets.activation.triggers import (
     activation_every_48_hours,
     cadence_requests,
@@ -29,10 +32,7 @@ from cdp_assets.activation.triggers import (
     changed_audiences,
 )
 from cdp_assets.analytics.schedules import on_48_hour_cadence
-from cdp_assets.google.assets import google_customer_match
 from cdp_assets.lib.warehouse import WarehouseResource
-from cdp_assets.meta.assets import meta_custom_audiences
-from cdp_assets.meta.resources import MetaResource
 from cdp_assets.partitions import RANGE_END_TAG, RANGE_START_TAG, tenants
 from cdp_assets.sandbox.meta_graph import MetaSandbox
 from cdp_assets.tenants.registry import Tenant, list_tenants

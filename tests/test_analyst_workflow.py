@@ -22,6 +22,8 @@ import pytest
 from support import months_ago, register, sync
 
 from cdp_assets.activation.destinations import Destination, add_audience, add_destination
+from cdp_assets.activation.meta.assets import meta_custom_audiences
+from cdp_assets.activation.meta.resources import MetaResource
 from cdp_assets.activation.triggers import changed_audiences
 from cdp_assets.analytics.assets import (
     AS_OF_ENV,
@@ -41,8 +43,6 @@ from cdp_assets.analytics.dbt_project import (
 from cdp_assets.analytics.prediction_assets import customer_predictions
 from cdp_assets.lib.environ import temporary_environment
 from cdp_assets.lib.warehouse import WarehouseResource
-from cdp_assets.meta.assets import meta_custom_audiences
-from cdp_assets.meta.resources import MetaResource
 from cdp_assets.ops.freshness import FRESHNESS
 from cdp_assets.sandbox import MetaSandbox, SandboxProcess, StoreSpec
 
@@ -304,8 +304,8 @@ PLATFORM_RUN = textwrap.dedent(
     )
     from cdp_assets.definitions import defs
     from cdp_assets.lib.warehouse import WarehouseResource
-    from cdp_assets.meta.assets import meta_custom_audiences
-    from cdp_assets.meta.resources import MetaResource
+    from cdp_assets.activation.meta.assets import meta_custom_audiences
+    from cdp_assets.activation.meta.resources import MetaResource
 
     audience = dg.AssetKey(sys.argv[1])
     listed = audience in defs.resolve_asset_graph().get_all_asset_keys()

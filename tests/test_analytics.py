@@ -29,7 +29,10 @@ from support import (
 )
 
 from cdp_assets.activation.destinations import Destination, add_audience, add_destination
+from cdp_assets.activation.meta.assets import meta_custom_audiences
+from cdp_assets.activation.meta.resources import MetaResource
 from cdp_assets.activation.triggers import changed_audiences
+from cdp_assets.activation.vtex_collections.rules import collection_skus
 from cdp_assets.analytics.assets import (
     AS_OF_ENV,
     RUN_VARS_ENV,
@@ -59,12 +62,9 @@ from cdp_assets.analytics.prediction_assets import (
 )
 from cdp_assets.lib.environ import temporary_environment
 from cdp_assets.lib.warehouse import WarehouseResource
-from cdp_assets.meta.assets import meta_custom_audiences
-from cdp_assets.meta.resources import MetaResource
 from cdp_assets.partitions import RANGE_END_TAG, RANGE_START_TAG
 from cdp_assets.sandbox import MetaSandbox, SandboxProcess, StoreSpec, credentials_for
 from cdp_assets.vtex.assets import vtex_product_collections
-from cdp_assets.vtex.collection_rules import collection_skus
 
 SEGMENTS = {
     "Champions",

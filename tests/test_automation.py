@@ -7,7 +7,7 @@ import psycopg
 import pytest
 
 from cdp_assets.definitions import defs
-from cdp_assets.lib.dagster_storage import storage_config
+from cdp_assets.framework.dagster_storage import storage_config
 from cdp_assets.lib.database import sqlalchemy_url, with_database
 from cdp_assets.partitions import tenants
 

@@ -23,10 +23,10 @@ from dagster._daemon.backfill import execute_backfill_iteration
 from dagster_graphql.test.utils import execute_dagster_graphql
 from support import months_ago
 
-from cdp_assets.lib.dagster_storage import storage_config
+from cdp_assets.framework.backfills import SLICE_OF_TAG
+from cdp_assets.framework.dagster_storage import storage_config
 from cdp_assets.lib.database import sqlalchemy_url
 from cdp_assets.partitions import RANGE_END_TAG, RANGE_START_TAG, TENANT_RUN_TAG, tenants
-from cdp_assets.vtex.backfills import SLICE_OF_TAG
 
 ROOT = Path(__file__).resolve().parent.parent
 LAUNCH_PARTITION_BACKFILL = """

@@ -42,14 +42,14 @@ from dagster_services import (
 from support import register
 
 from cdp_assets.analytics.dbt_project import ensure_manifest
-from cdp_assets.lib.dagster_home import apply_pool_limits
-from cdp_assets.lib.executor import (
+from cdp_assets.framework.executor import (
     BACKEND_ENV,
     BROKER_ENV,
     EXECUTOR_ENV,
     ExecutorConfigError,
     executor_from_env,
 )
+from cdp_assets.lib.dagster_home import apply_pool_limits
 from cdp_assets.partitions import tenants
 from cdp_assets.sandbox import SandboxProcess, StoreSpec
 from cdp_assets.vtex.jobs import TENANT_SYNC_JOB
@@ -78,7 +78,7 @@ def test_the_executor_is_dagsters_default_unless_celery_is_asked_for(
     assert executor_from_env({EXECUTOR_ENV: "multiprocess"}) is default
     assert default.name == dg.multi_or_in_process_executor.name
     # Steps fork from a server that imported the code location; run config may still pick.
-    preload = {"forkserver": {"preload_modules": ["cdp_assets.lib.preload"]}}
+    preload = {"forkserver": {"preload_modules": ["cdp_assets.framework.preload"]}}
     assert default.config_schema.as_field().default_value == {
         "multiprocess": {"start_method": preload}
     }

@@ -15,8 +15,8 @@ import sqlalchemy
 from dagster._serdes import serialize_value
 from sqlalchemy import event
 
-from cdp_assets.lib.dagster_storage import PING_AFTER_IDLE_SECONDS
-from cdp_assets.lib.executor import PRELOADED
+from cdp_assets.framework.dagster_storage import PING_AFTER_IDLE_SECONDS
+from cdp_assets.framework.executor import PRELOADED
 
 
 def test_storing_many_events_opens_a_connection_or_two_not_one_per_statement(instance):

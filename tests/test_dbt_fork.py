@@ -1,4 +1,4 @@
-"""dbt commands in a child forked from the step process (analytics/dbt_fork.py): the child
+"""dbt commands in a child forked from the step process (framework/dbt_fork.py): the child
 answers as the `dbt` process would, stops as it does, and leaves its parent's connections
 alone."""
 
@@ -17,8 +17,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from cdp_assets.analytics.dbt_fork import ForkedDbt
 from cdp_assets.analytics.dbt_project import DBT_EXECUTABLE, DBT_PROJECT_DIR, dbt_connection_env
+from cdp_assets.framework.dbt_fork import ForkedDbt
 
 
 def dbt_command(*args: str) -> list[str]:

@@ -27,7 +27,7 @@ import pytest
 import yaml
 from dagster_services import BIN, DEFINITIONS_MODULE, ROOT, dagster_storage_database
 
-from cdp_assets.lib.executor import EXECUTOR_ENV, executor_from_env
+from cdp_assets.framework.executor import EXECUTOR_ENV, executor_from_env
 
 DEPLOY = ROOT / "deploy"
 COMPOSE_FILE = DEPLOY / "docker-compose.yml"

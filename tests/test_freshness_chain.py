@@ -14,6 +14,7 @@ import pytest
 from support import HISTORY_START, register, sync, vtex_for
 
 from cdp_assets.activation.destinations import Destination, add_audience, add_destination
+from cdp_assets.activation.meta.assets import meta_custom_audiences
 from cdp_assets.activation.triggers import activation_push, audience_changes_sensor
 from cdp_assets.analytics.feed_changes import feed_changes_sensor
 from cdp_assets.analytics.jobs import CHANGES_JOB
@@ -21,7 +22,6 @@ from cdp_assets.bench.freshness import at_platform
 from cdp_assets.definitions import defs
 from cdp_assets.lib.environ import temporary_environment
 from cdp_assets.lib.warehouse import WarehouseResource
-from cdp_assets.meta.assets import meta_custom_audiences
 from cdp_assets.partitions import RANGE_END_TAG, RANGE_START_TAG, tenants
 from cdp_assets.sandbox import MetaSandbox, SandboxProcess, StoreSpec
 from cdp_assets.vtex.feed import FeedSettings, turn_feed_on

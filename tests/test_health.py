@@ -25,8 +25,8 @@ from throwaway_postgres import throwaway_postgres
 
 from cdp_assets.analytics.dbt_project import ensure_manifest
 from cdp_assets.cli import main
+from cdp_assets.framework.dagster_storage import storage_config
 from cdp_assets.lib.dagster_home import prepare_dagster_home
-from cdp_assets.lib.dagster_storage import storage_config
 from cdp_assets.lib.database import sqlalchemy_url, with_database
 from cdp_assets.lib.warehouse import WarehouseResource, migrated_url
 from cdp_assets.ops.health import HEARTBEAT_TOLERANCE_ENV, instigator_problems, instigators_of

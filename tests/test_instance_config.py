@@ -7,7 +7,7 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from cdp_assets.lib.dagster_storage import (
+from cdp_assets.framework.dagster_storage import (
     PooledPostgresEventLogStorage,
     PooledPostgresRunStorage,
 )

@@ -17,8 +17,8 @@ from dagster._utils.schedules import cron_string_iterator
 from cdp_assets.analytics.jobs import ANALYTICS_JOB, CHURN_HOLDOUT_JOB
 from cdp_assets.analytics.schedules import audiences_every_48_hours, churn_holdout_weekly
 from cdp_assets.definitions import defs
+from cdp_assets.framework.dagster_storage import storage_config
 from cdp_assets.lib.dagster_home import apply_pool_limits
-from cdp_assets.lib.dagster_storage import storage_config
 from cdp_assets.lib.database import sqlalchemy_url, with_database
 from cdp_assets.lib.sync_state import OrderGaps
 from cdp_assets.lib.warehouse import WarehouseResource, migrated_url

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from support import daemon_alive
 
 from cdp_assets.cli import main
-from cdp_assets.lib.dagster_storage import storage_config
+from cdp_assets.framework.dagster_storage import storage_config
 from cdp_assets.lib.database import sqlalchemy_url, with_database
 from cdp_assets.lib.warehouse import migrated_url
 from cdp_assets.ops.status import collect_status, watched_assets

@@ -20,17 +20,17 @@ from cdp_assets.activation.destinations import (
     get_destination,
 )
 from cdp_assets.activation.sync import abandon_requests
-from cdp_assets.lib.ages import format_age
-from cdp_assets.lib.warehouse import migrated_url
-from cdp_assets.tenants.registry import SLUG, TenantError
-from cdp_assets.vtex.client import VtexError
-from cdp_assets.vtex.masterdata_writeback import AUDIENCE as MASTERDATA_AUDIENCE
-from cdp_assets.vtex.masterdata_writeback import (
+from cdp_assets.activation.vtex_masterdata.writeback import AUDIENCE as MASTERDATA_AUDIENCE
+from cdp_assets.activation.vtex_masterdata.writeback import (
     WritebackFields,
     destination_fields,
     how_to_create,
     missing_fields,
 )
+from cdp_assets.lib.ages import format_age
+from cdp_assets.lib.warehouse import migrated_url
+from cdp_assets.tenants.registry import SLUG, TenantError
+from cdp_assets.vtex.client import VtexError
 
 
 def _connect() -> psycopg.Connection:

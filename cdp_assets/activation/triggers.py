@@ -13,17 +13,17 @@ import dagster as dg
 import psycopg
 
 from cdp_assets.activation.audiences import audience_signatures, audience_views
+from cdp_assets.activation.google.assets import google_customer_match
+from cdp_assets.activation.meta.assets import meta_custom_audiences
+from cdp_assets.activation.vtex_collections.assets import vtex_product_collections
+from cdp_assets.activation.vtex_masterdata.assets import vtex_masterdata_fields
 from cdp_assets.analytics.jobs import tenants_in_flight
 from cdp_assets.analytics.schedules import FORTY_EIGHT_HOUR_CADENCE, on_48_hour_cadence
-from cdp_assets.google.assets import google_customer_match
 from cdp_assets.lib.run_bounds import run_bound
 from cdp_assets.lib.warehouse import WarehouseResource
-from cdp_assets.meta.assets import meta_custom_audiences
-from cdp_assets.partitions import tenants
+from cdp_assets.partitions import TIMEZONE, tenants
 from cdp_assets.tenants.registry import Tenant
 from cdp_assets.tenants.runs import block_request, tenant_blocks, tenants_with_partitions
-from cdp_assets.vtex.assets import vtex_masterdata_fields, vtex_product_collections
-from cdp_assets.vtex.schedules import TIMEZONE
 
 ASSET_BY_PLATFORM = {
     "meta": meta_custom_audiences.key,

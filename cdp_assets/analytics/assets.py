@@ -11,7 +11,6 @@ import psycopg
 from dagster_dbt import dbt_assets
 
 from cdp_assets.analytics.dbt_project import (
-    CdpDbtCliResource,
     dbt_connection_env,
     dbt_project,
     ensure_manifest,
@@ -19,6 +18,7 @@ from cdp_assets.analytics.dbt_project import (
     refresh_exposures,
     tenant_translator,
 )
+from cdp_assets.framework.dbt_cli import CdpDbtCliResource
 from cdp_assets.lib import settings
 from cdp_assets.lib.dagster_home import DBT_POOL
 from cdp_assets.lib.warehouse import WarehouseResource, migrated_url

@@ -9,9 +9,7 @@ import shutil
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from functools import cached_property
-from importlib.metadata import version
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -22,20 +20,12 @@ import yaml
 from dagster_dbt import (
     DagsterDbtTranslator,
     DagsterDbtTranslatorSettings,
-    DbtCliInvocation,
-    DbtCliResource,
     DbtProject,
 )
-from dagster_dbt.asset_utils import (
-    DBT_INDIRECT_SELECTION_ENV,
-    extract_runtime_selection_from_args,
-    get_updated_cli_invocation_params_for_context,
-)
 from filelock import FileLock
-from packaging.version import Version
 
 from cdp_assets.analytics.automation import ANALYTICS_AUTOMATION
-from cdp_assets.analytics.dbt_fork import ForkedDbt
+from cdp_assets.framework.dbt_cli import CdpDbtCliResource
 from cdp_assets.lib import settings
 from cdp_assets.lib.environ import temporary_environment
 from cdp_assets.partitions import tenants
@@ -52,89 +42,13 @@ dbt_project = DbtProject(
 )
 
 
-class CdpDbtCliResource(DbtCliResource):
-    """dagster-dbt's resource, without two things it does before each step's first dbt command
-    (4-5 s together, as much as a small tenant's models): it runs `dbt --version`, and it
-    loads a dbt adapter in-process, used only to fetch row counts and column metadata, which
-    this project does not ask for. The dbt it runs is the dbt-core installed beside this
-    interpreter (DBT_EXECUTABLE), so that package's version is the CLI's."""
-
-    @cached_property
-    def _cli_version(self) -> Version:
-        return Version(version("dbt-core"))
-
-    # Declared as returning an adapter, but its caller takes None, as when creating one fails.
-    def _initialize_dbt_core_adapter(self, args: Sequence[str]) -> None:  # type: ignore[override]
-        return None
-
-    def forked_cli(
-        self,
-        args: Sequence[str],
-        *,
-        context: dg.AssetExecutionContext,
-        env: Mapping[str, str] | None = None,
-    ) -> DbtCliInvocation:
-        """`cli(args, context=context)`, its dbt command run in a child forked from this
-        process (dbt_fork.py) with the arguments and environment `cli` gives its subprocess,
-        and `env` on top: this invocation's own variables, which no other dbt command of the
-        process sees. For a step's process: one running server threads (the webserver's,
-        gRPC's) is not one to fork. On Linux only: macOS' system frameworks do not survive a
-        fork, and Windows has none."""
-        if sys.platform != "linux":
-            with temporary_environment(env or {}):
-                return self.cli(args, context=context)
-        args, selects, excludes = extract_runtime_selection_from_args(args)
-        params = get_updated_cli_invocation_params_for_context(
-            context=context,
-            manifest={},
-            dagster_dbt_translator=DagsterDbtTranslator(),
-            runtime_selects=selects,
-            runtime_excludes=excludes,
-        )
-        # A large selection runs in a copy of the project holding a generated selector.
-        project_dir = Path((params.dbt_project or dbt_project).project_dir)
-        target_path = project_dir / self._get_unique_target_path(context=context)
-        env = {
-            **os.environ,
-            "DAGSTER_DBT_CLI": "true",
-            "DBT_SEND_ANONYMOUS_USAGE_STATS": "false",
-            "DBT_LOG_FORMAT": "json",
-            "DBT_TARGET_PATH": str(target_path),
-            "DBT_LOG_PATH": str(target_path),
-            "DBT_PROJECT_DIR": str(project_dir),
-            **({"DBT_PROFILES_DIR": self.profiles_dir} if self.profiles_dir else {}),
-            **(env or {}),
-        }
-        if params.indirect_selection:
-            env[DBT_INDIRECT_SELECTION_ENV] = params.indirect_selection
-        # dbt re-reads only the files changed since the project's last parse (keep_parse).
-        if KEPT_PARSE.exists():
-            target_path.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(KEPT_PARSE, target_path / PARTIAL_PARSE)
-        command = [
-            self.dbt_executable,
-            *self.global_config_flags,
-            *args,
-            *(["--target", self.target] if self.target else []),
-            *params.selection_args,
-        ]
-        return DbtCliInvocation(
-            # Declared a Popen; the invocation uses only the part of one that ForkedDbt has.
-            process=ForkedDbt(command, env, project_dir),  # type: ignore[arg-type]
-            manifest=params.manifest,
-            dagster_dbt_translator=params.dagster_dbt_translator,
-            project_dir=project_dir,
-            target_path=target_path,
-            raise_on_error=True,
-            cli_version=self._cli_version,
-            project=params.dbt_project,
-            context=context,
-        )
-
-
 def dbt_resource() -> CdpDbtCliResource:
     # The resource's `__init__` takes a DbtProject; the signature mypy reads is its fields'.
-    return CdpDbtCliResource(project_dir=dbt_project, dbt_executable=DBT_EXECUTABLE)  # type: ignore[arg-type]
+    return CdpDbtCliResource(
+        project_dir=dbt_project,  # type: ignore[arg-type]
+        dbt_executable=DBT_EXECUTABLE,
+        kept_parse=str(KEPT_PARSE),
+    )
 
 
 # dbt's output: each run leaves a folder of its own in target/, thousands of files over time.
@@ -315,7 +229,7 @@ SELECT d.destination_id, d.tenant_id, d.platform, d.account_id,
  GROUP BY 1, 2, 3, 4
  ORDER BY 1
 """
-# What a VTEX collection rule reads beside its audience (vtex/collection_rules.py).
+# What a VTEX collection rule reads beside its audience (activation/vtex_collections/rules.py).
 COLLECTION_RULE_MODELS = ("int_orders__purchases", "stg_vtex__order_items")
 
 

@@ -8,8 +8,8 @@ import dagster as dg
 
 from cdp_assets.analytics.jobs import all_tenants_tags, audiences_refresh, churn_holdout_refresh
 from cdp_assets.lib.warehouse import WarehouseResource
+from cdp_assets.partitions import TIMEZONE
 from cdp_assets.tenants.runs import block_request, tenant_blocks, tenants_with_partitions
-from cdp_assets.vtex.schedules import TIMEZONE
 
 
 def on_48_hour_cadence(day: date) -> bool:

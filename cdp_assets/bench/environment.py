@@ -34,9 +34,9 @@ import psycopg
 
 from cdp_assets.bench.measure import peak_rss_mb, rss_mb
 from cdp_assets.bench.scales import Scale
+from cdp_assets.framework.executor import PRELOADED
 from cdp_assets.lib.dagster_home import apply_pool_limits
 from cdp_assets.lib.database import database_url, sqlalchemy_url, with_database
-from cdp_assets.lib.executor import PRELOADED
 from cdp_assets.lib.warehouse import migrated_url
 from cdp_assets.sandbox import SandboxProcess, StoreSpec, history_end_today
 from cdp_assets.sandbox import credentials_for as vtex_credentials
@@ -257,7 +257,7 @@ class Runner:
 def _run_workers(log_path: Path) -> ProcessPoolExecutor:
     """RUN_WORKERS runs at a time, each in a process that runs it and exits, forked from a
     server that has imported the definitions (as the platform's executor forks its steps,
-    lib/executor.py). One worker more than there are slots waits, started, for the next
+    framework/executor.py). One worker more than there are slots waits, started, for the next
     free slot: a run's start is not delayed by forking its process (0.2 s) after the last
     one ended, as the run launcher's start is not part of a run either."""
     context = multiprocessing.get_context("forkserver")

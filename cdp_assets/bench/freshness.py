@@ -36,11 +36,11 @@ from typing import Any
 
 import dagster as dg
 
+from cdp_assets.activation.meta.assets import meta_custom_audiences
 from cdp_assets.activation.triggers import changed_audiences
 from cdp_assets.bench.environment import Bench
 from cdp_assets.bench.measure import StageResult, consistency_check, stage
 from cdp_assets.lib.database import cdp_home
-from cdp_assets.meta.assets import meta_custom_audiences
 
 WINDOW_ENV = "CDP_BENCH_FRESHNESS_MINUTES"
 WINDOW_MINUTES = 30.0

@@ -16,7 +16,11 @@ import psycopg
 import requests
 
 from cdp_assets.activation.destinations import Destination, add_audience, add_destination
+from cdp_assets.activation.google.assets import google_customer_match
+from cdp_assets.activation.meta.assets import meta_custom_audiences
 from cdp_assets.activation.triggers import activation_push, change_requests, changed_audiences
+from cdp_assets.activation.vtex_masterdata.writeback import AUDIENCE as MASTERDATA_AUDIENCE
+from cdp_assets.activation.vtex_masterdata.writeback import DEFAULT_FIELDS, DEFAULT_UPDATED_AT_FIELD
 from cdp_assets.analytics.jobs import ANALYTICS_JOB, AUDIENCES_JOB, CHURN_HOLDOUT_JOB
 from cdp_assets.bench import clv_compare
 from cdp_assets.bench.environment import (
@@ -27,8 +31,6 @@ from cdp_assets.bench.environment import (
     RunRequest,
 )
 from cdp_assets.bench.measure import StageResult, Stopwatch, consistency_check, stage
-from cdp_assets.google.assets import google_customer_match
-from cdp_assets.meta.assets import meta_custom_audiences
 from cdp_assets.partitions import (
     RANGE_END_TAG,
     RANGE_START_TAG,
@@ -44,8 +46,6 @@ from cdp_assets.vtex.client import CATALOG_WINDOW
 from cdp_assets.vtex.feed import FeedSettings, turn_feed_on
 from cdp_assets.vtex.feed_defs import FEED_SYNC_JOB
 from cdp_assets.vtex.jobs import ORDERS_SYNC_JOB, TENANT_SYNC_JOB
-from cdp_assets.vtex.masterdata_writeback import AUDIENCE as MASTERDATA_AUDIENCE
-from cdp_assets.vtex.masterdata_writeback import DEFAULT_FIELDS, DEFAULT_UPDATED_AT_FIELD
 from cdp_assets.vtex.resources import VtexResource
 from cdp_assets.vtex.schedules import order_sync_requests
 

@@ -22,7 +22,7 @@ from psycopg import sql
 from cdp_assets.lib import settings
 from cdp_assets.lib.run_bounds import HOUR, MAX_RUNTIME_TAG
 from cdp_assets.lib.warehouse import WarehouseResource, migrated_url
-from cdp_assets.vtex.schedules import TIMEZONE
+from cdp_assets.partitions import TIMEZONE
 
 
 @dataclass(frozen=True)

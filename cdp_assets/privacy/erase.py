@@ -562,9 +562,9 @@ def default_platform(destination: Destination) -> Platform:
     """The destination's platform client, as the activation assets build it (their resources'
     defaults: the endpoints, or the sandboxes named in the environment)."""
     if destination.platform == "meta":
-        from cdp_assets.meta.resources import MetaResource
+        from cdp_assets.activation.meta.resources import MetaResource
 
         return MetaResource().audiences_for(destination)
-    from cdp_assets.google.resources import GoogleResource
+    from cdp_assets.activation.google.resources import GoogleResource
 
     return GoogleResource().audiences_for(destination)

@@ -1,6 +1,5 @@
 """VTEX documents landed raw in Postgres, one partition per tenant (orders: per month too)."""
 
-import functools
 from collections import defaultdict
 from contextlib import AbstractContextManager
 from datetime import UTC, date, datetime, timedelta
@@ -8,13 +7,9 @@ from datetime import UTC, date, datetime, timedelta
 import dagster as dg
 import psycopg
 
-from cdp_assets.activation.destinations import Destination, DestinationAudience
-from cdp_assets.activation.run import ActivationConfig, DestinationAdapter, activate
-from cdp_assets.activation.sync import MemberSource
-from cdp_assets.analytics.assets import dbt_audiences, dbt_tenant_models
 from cdp_assets.lib.dagster_home import VTEX_API_POOL
 from cdp_assets.lib.redaction import redact
-from cdp_assets.lib.retries import ACTIVATION_RETRY, retry_transient
+from cdp_assets.lib.retries import retry_transient
 from cdp_assets.lib.sync_state import (
     FAILED,
     RECONCILED,
@@ -29,14 +24,6 @@ from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.partitions import order_months, tenant_months, tenants
 from cdp_assets.tenants.registry import Tenant, get_tenant, vtex_orders_available_from
 from cdp_assets.vtex.client import VtexClient, VtexRequestFailed
-from cdp_assets.vtex.collection_rules import collection_skus
-from cdp_assets.vtex.collections import VtexCollections
-from cdp_assets.vtex.masterdata_writeback import (
-    VtexMasterDataFields,
-    WritebackFields,
-    customer_fields,
-    destination_fields,
-)
 from cdp_assets.vtex.resources import VtexResource
 from cdp_assets.vtex.sync import (
     CUSTOMERS,
@@ -311,86 +298,3 @@ def vtex_customers(
         with conn.transaction():
             set_cursor(conn, tenant_id, CUSTOMERS.name, started, context.run.run_id)
     return dg.MaterializeResult(metadata={**landing.metadata(), "incremental": since is not None})
-
-
-# What the store is written from, as the ad platforms' pushes: the audiences and marts of the
-# tenants of the run (one run may cover many tenants, the triggers group them: see
-# activation/triggers.py), within the account's share of the VTEX API.
-vtex_destination_asset = functools.partial(
-    dg.asset,
-    partitions_def=tenants,
-    backfill_policy=dg.BackfillPolicy.single_run(),
-    deps=[dbt_audiences, dbt_tenant_models],
-    group_name="activation",
-    kinds={"vtex", "python"},
-    pool=VTEX_API_POOL,
-    retry_policy=ACTIVATION_RETRY,
-    metadata={"dagster/table_name": "cdp.activation_runs"},
-)
-
-
-@vtex_destination_asset()
-def vtex_product_collections(
-    context: dg.AssetExecutionContext,
-    config: ActivationConfig,
-    warehouse: WarehouseResource,
-    vtex: VtexResource,
-) -> dg.MaterializeResult:
-    """Product collections written back to the tenant's VTEX store (destinations with platform
-    'vtex_collections'; one rule per collection, see `vtex/collection_rules.py`), SKUs added and
-    removed by difference, one paced call each."""
-    return activate(context, warehouse.connect, config, CollectionsAdapter(warehouse, vtex))
-
-
-class CollectionsAdapter(DestinationAdapter):
-    """VTEX collections: each rule's SKUs. One destination at a time: two destinations of one
-    store writing at once would make the concurrent collection writes VTEX deadlocks on
-    (vtex/collections.py)."""
-
-    platforms = ("vtex_collections",)
-    workers = 1
-
-    def __init__(self, warehouse: WarehouseResource, vtex: VtexResource) -> None:
-        self.warehouse, self.vtex = warehouse, vtex
-
-    def platform(self, destination: Destination) -> VtexCollections:
-        with self.warehouse.connect() as conn:
-            tenant = get_tenant(conn, destination.tenant_id)
-        return VtexCollections(self.vtex.client_for(tenant), self.vtex.collection_write_rate())
-
-    def members(self, reader: psycopg.Connection, target: DestinationAudience) -> MemberSource:
-        skus = collection_skus(reader, target.destination.tenant_id, target.params)
-        return MemberSource(lambda: iter(skus))
-
-
-@vtex_destination_asset()
-def vtex_masterdata_fields(
-    context: dg.AssetExecutionContext,
-    config: ActivationConfig,
-    warehouse: WarehouseResource,
-    vtex: VtexResource,
-) -> dg.MaterializeResult:
-    """Segments, CLV tiers and churn bands written to the tenant's Master Data CL documents
-    (destinations with platform 'vtex_masterdata', see `vtex/masterdata_writeback.py`): only
-    the documents whose values changed, within the account's shared request budget."""
-    return activate(context, warehouse.connect, config, MasterDataAdapter(warehouse, vtex))
-
-
-class MasterDataAdapter(DestinationAdapter):
-    """Master Data CL fields: each customer's values. Destinations are written several at a
-    time: those of different stores call different accounts, and those of one store take
-    their requests from the account's budget, shared by every caller (vtex/budget.py)."""
-
-    platforms = ("vtex_masterdata",)
-
-    def __init__(self, warehouse: WarehouseResource, vtex: VtexResource) -> None:
-        self.warehouse, self.vtex = warehouse, vtex
-
-    def platform(self, destination: Destination) -> VtexMasterDataFields:
-        with self.warehouse.connect() as conn:
-            tenant = get_tenant(conn, destination.tenant_id)
-            fields = destination_fields(conn, destination.destination_id)
-        return VtexMasterDataFields(self.vtex.client_for(tenant), fields)
-
-    def members(self, reader: psycopg.Connection, target: DestinationAudience) -> MemberSource:
-        return customer_fields(reader, target, WritebackFields.from_params(target.params))

@@ -2,9 +2,7 @@ import dagster as dg
 
 from cdp_assets.vtex.assets import (
     vtex_customers,
-    vtex_masterdata_fields,
     vtex_orders,
-    vtex_product_collections,
     vtex_products,
     vtex_skus,
 )
@@ -26,8 +24,6 @@ def defs() -> dg.Definitions:
             vtex_products,
             vtex_skus,
             vtex_customers,
-            vtex_product_collections,
-            vtex_masterdata_fields,
             vtex_orders_feed,
         ],
         asset_checks=raw_rows_checks,

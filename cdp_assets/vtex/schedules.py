@@ -11,13 +11,11 @@ import dagster as dg
 
 from cdp_assets.lib.sync_state import OrderGaps, order_gaps
 from cdp_assets.lib.warehouse import WarehouseResource
-from cdp_assets.partitions import TENANT_RUN_TAG, order_months, tenant_month_range_tags
+from cdp_assets.partitions import TENANT_RUN_TAG, TIMEZONE, order_months, tenant_month_range_tags
 from cdp_assets.tenants.registry import Tenant
 from cdp_assets.tenants.runs import run_priority, tenants_with_partitions
 from cdp_assets.vtex.assets import OVERLAP
 from cdp_assets.vtex.jobs import vtex_orders_sync, vtex_tenant_sync
-
-TIMEZONE = "America/Argentina/Buenos_Aires"
 
 
 def recent_months(moment: datetime) -> list[str]:

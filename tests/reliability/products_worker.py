@@ -28,9 +28,9 @@ from typing import Any
 import dagster as dg
 import psutil
 
-from cdp_assets.lib.dagster_storage import storage_config
+from cdp_assets.framework.dagster_storage import storage_config
+from cdp_assets.framework.executor import multiprocess_forkserver_executor
 from cdp_assets.lib.database import sqlalchemy_url
-from cdp_assets.lib.executor import multiprocess_forkserver_executor
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.partitions import tenants
 from cdp_assets.sandbox import SandboxProcess

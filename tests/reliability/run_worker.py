@@ -31,12 +31,12 @@ import dagster as dg
 from activation_support import push
 from support import sync, vtex_for
 
-from cdp_assets.lib.dagster_storage import storage_config
+from cdp_assets.activation.meta.assets import meta_custom_audiences
+from cdp_assets.activation.meta.audiences import MetaAudiences
+from cdp_assets.activation.meta.resources import MetaResource
+from cdp_assets.framework.dagster_storage import storage_config
 from cdp_assets.lib.database import sqlalchemy_url
 from cdp_assets.lib.warehouse import WarehouseResource
-from cdp_assets.meta.assets import meta_custom_audiences
-from cdp_assets.meta.audiences import MetaAudiences
-from cdp_assets.meta.resources import MetaResource
 from cdp_assets.partitions import order_months, tenants
 from cdp_assets.sandbox import SandboxProcess, StoreSpec
 from cdp_assets.vtex.assets import vtex_orders

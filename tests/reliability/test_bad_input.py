@@ -59,16 +59,17 @@ from cdp_assets.activation.destinations import (
     add_audience,
     add_destination,
 )
+from cdp_assets.activation.google.assets import google_customer_match
+from cdp_assets.activation.google.resources import GoogleResource
+from cdp_assets.activation.meta.assets import meta_custom_audiences
+from cdp_assets.activation.meta.resources import MetaResource
+from cdp_assets.activation.vtex_collections.rules import LIMITS, collection_skus, rule_params
 from cdp_assets.analytics.assets import RUN_VARS_ENV, dbt_vars
 from cdp_assets.analytics.dbt_project import DBT_EXECUTABLE, DBT_PROJECT_DIR, dbt_connection_env
 from cdp_assets.cli import main
-from cdp_assets.google.assets import google_customer_match
-from cdp_assets.google.resources import GoogleResource
 from cdp_assets.lib.rejects import Reject
 from cdp_assets.lib.upsert import Row
 from cdp_assets.lib.warehouse import WarehouseResource
-from cdp_assets.meta.assets import meta_custom_audiences
-from cdp_assets.meta.resources import MetaResource
 from cdp_assets.partitions import tenants as tenant_partitions
 from cdp_assets.sandbox import GoogleSandbox, MetaSandbox, Store, StoreSpec
 from cdp_assets.tenants.registry import (
@@ -83,7 +84,6 @@ from cdp_assets.tenants.registry import (
 )
 from cdp_assets.vtex.assets import vtex_product_collections, vtex_products
 from cdp_assets.vtex.client import MalformedBody, Reply
-from cdp_assets.vtex.collection_rules import LIMITS, collection_skus, rule_params
 from cdp_assets.vtex.records import (
     MAX_CENTS,
     InvalidRecord,

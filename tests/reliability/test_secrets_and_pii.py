@@ -35,12 +35,12 @@ import psycopg
 import pytest
 from shared_tenants import STORES, Pipeline, shared_pipeline
 
-from cdp_assets.google.assets import google_customer_match
-from cdp_assets.google.resources import GoogleResource
+from cdp_assets.activation.google.assets import google_customer_match
+from cdp_assets.activation.google.resources import GoogleResource
+from cdp_assets.activation.meta.assets import meta_custom_audiences
+from cdp_assets.activation.meta.resources import MetaResource
 from cdp_assets.lib.redaction import redact, remember
 from cdp_assets.lib.warehouse import WarehouseResource
-from cdp_assets.meta.assets import meta_custom_audiences
-from cdp_assets.meta.resources import MetaResource
 from cdp_assets.ops.alerts import WEBHOOK_ENV
 from cdp_assets.ops.sensors import sync_errors_sensor
 from cdp_assets.partitions import tenants

@@ -2,10 +2,10 @@
 
 import dagster as dg
 
+from cdp_assets.activation.google.resources import GoogleResource
 from cdp_assets.activation.identifiers import google_row
 from cdp_assets.activation.run import ActivationConfig, activate_audiences
 from cdp_assets.analytics.assets import dbt_audiences
-from cdp_assets.google.resources import GoogleResource
 from cdp_assets.lib.dagster_home import GOOGLE_API_POOL
 from cdp_assets.lib.retries import ACTIVATION_RETRY
 from cdp_assets.lib.warehouse import WarehouseResource

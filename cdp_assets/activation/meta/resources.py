@@ -3,9 +3,9 @@
 import dagster as dg
 
 from cdp_assets.activation.destinations import Destination
+from cdp_assets.activation.meta.audiences import GRAPH_DEADLINES, PACE_SECONDS, MetaAudiences
 from cdp_assets.lib import settings
 from cdp_assets.lib.outbound import Deadlines
-from cdp_assets.meta.audiences import GRAPH_DEADLINES, PACE_SECONDS, MetaAudiences
 
 
 class MetaResource(dg.ConfigurableResource):

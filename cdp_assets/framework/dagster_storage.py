@@ -26,14 +26,14 @@ materializations, which dagster-postgres stores one by one, is written here in o
 with the planned evaluations of the asset's checks: each run the orders schedule creates plans
 one month and two checks, three INSERTs and three NOTIFYs a run, 400 times a tick.
 
-A backfill of `vtex_orders` is stored as one backfill per tenant (`vtex/backfills.py`), so its
+A backfill of `vtex_orders` is stored as one backfill per tenant (`framework/backfills.py`), so its
 runs keep to one tenant each whatever the shape of the selection.
 
 `dagster.yaml`:
 
     storage:
       custom:
-        module: cdp_assets.lib.dagster_storage
+        module: cdp_assets.framework.dagster_storage
         class: PooledPostgresStorage
         config:
           postgres_url: {env: CDP_DAGSTER_PG_URL}
@@ -73,8 +73,8 @@ from dagster_postgres.utils import (
 from sqlalchemy import event, exc
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
+from cdp_assets.framework.backfills import per_tenant_backfills
 from cdp_assets.lib import settings
-from cdp_assets.vtex.backfills import per_tenant_backfills
 
 # Connections the pool holds open, and how many more it may open while threads write at once.
 POOL_SIZE = 1

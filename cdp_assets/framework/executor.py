@@ -50,9 +50,9 @@ class ExecutorConfigError(ValueError):
 # Dagster's default starts each step with `spawn`: a new interpreter that imports the code
 # location again, seconds of CPU per step (dbt, Google Ads' generated types, scipy), more than
 # many steps' own work. A forkserver imports it once per run (with what creating the instance
-# imports, lib/preload.py) and forks every step from it. Run config can still choose `spawn`,
+# imports, framework/preload.py) and forks every step from it. Run config can still choose `spawn`,
 # other options, or `in_process`.
-PRELOADED = "cdp_assets.lib.preload"
+PRELOADED = "cdp_assets.framework.preload"
 
 
 def _kill(pids: Iterable[int]) -> None:

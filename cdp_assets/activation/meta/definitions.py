@@ -1,7 +1,7 @@
 import dagster as dg
 
-from cdp_assets.meta.assets import meta_custom_audiences
-from cdp_assets.meta.resources import MetaResource
+from cdp_assets.activation.meta.assets import meta_custom_audiences
+from cdp_assets.activation.meta.resources import MetaResource
 
 
 def defs() -> dg.Definitions:

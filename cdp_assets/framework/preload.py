@@ -1,5 +1,5 @@
 """What the processes of a run import before their first step, imported once by the server
-they are forked from (lib/executor.py, and the benchmark's run workers).
+they are forked from (framework/executor.py, and the benchmark's run workers).
 
 The code location is most of it. The rest is what Dagster imports lazily the first time a
 process creates its instance: the Postgres storage classes, SQLAlchemy's psycopg2 dialect, the
@@ -16,4 +16,4 @@ import psycopg2.extras
 import upath.implementations.local
 
 import cdp_assets.definitions
-import cdp_assets.lib.dagster_storage
+import cdp_assets.framework.dagster_storage

@@ -1,7 +1,7 @@
 import dagster as dg
 
-from cdp_assets.google.assets import google_customer_match
-from cdp_assets.google.resources import GoogleResource
+from cdp_assets.activation.google.assets import google_customer_match
+from cdp_assets.activation.google.resources import GoogleResource
 
 
 def defs() -> dg.Definitions:

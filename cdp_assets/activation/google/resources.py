@@ -16,8 +16,8 @@ from cdp_assets.activation.destinations import Destination
 from cdp_assets.lib import settings
 
 if TYPE_CHECKING:
-    from cdp_assets.google.data_manager import DataManagerAudiences
-    from cdp_assets.google.google_ads import GoogleAdsAudiences
+    from cdp_assets.activation.google.data_manager import DataManagerAudiences
+    from cdp_assets.activation.google.google_ads import GoogleAdsAudiences
 
 
 class _CallSettings(TypedDict):
@@ -46,7 +46,10 @@ class GoogleResource(dg.ConfigurableResource):
             "call_timeout_seconds": self.timeout_seconds,
         }
         if destination.platform == "google_ads":
-            from cdp_assets.google.google_ads import GoogleAdsAudiences, google_ads_services
+            from cdp_assets.activation.google.google_ads import (
+                GoogleAdsAudiences,
+                google_ads_services,
+            )
 
             services = google_ads_services(
                 destination.credential("developer_token"),
@@ -54,6 +57,9 @@ class GoogleResource(dg.ConfigurableResource):
                 self._sandbox(),
             )
             return GoogleAdsAudiences(destination, services, **settings)
-        from cdp_assets.google.data_manager import DataManagerAudiences, data_manager_clients
+        from cdp_assets.activation.google.data_manager import (
+            DataManagerAudiences,
+            data_manager_clients,
+        )
 
         return DataManagerAudiences(destination, data_manager_clients(self._sandbox()), **settings)
