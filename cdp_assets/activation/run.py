@@ -1,8 +1,8 @@
 """What every activation asset does for the tenants of its run (one, or the range a single run
 covers): sync each configured destination audience and report it as materialization
 metadata: one row per destination audience in a tenant's own run, one row per tenant in a run
-over several (every tenant's materialization carries the run's metadata; a row per audience
-of every tenant made each of them 150 KB at seed, 41 times over). Every sync is also a row of
+over several (every tenant's materialization carries the run's metadata: a row per audience
+of every tenant would repeat the whole table in each). Every sync is also a row of
 `cdp.activation_runs` (`cdp destinations history`).
 
 A failing destination does not stop the others; the asset fails at the end, naming each
@@ -172,8 +172,8 @@ def tenant_summaries(outcomes: list[SyncOutcome], tenant_of: dict[str, str]) -> 
     return lines
 
 
-# Destinations synced at once in a run: a sync mostly waits on the warehouse and the platform
-# (5.9 s of wall time and 1.2 s of CPU for 328 unchanged audiences in sequence). Each worker
+# Destinations synced at once in a run: a sync mostly waits on the warehouse and the platform,
+# its CPU a fraction of its wall time. Each worker
 # holds two connections; a destination's audiences stay in order on one worker, with one
 # platform client.
 SYNC_WORKERS = 4
@@ -269,7 +269,7 @@ def failure_description(outcomes: list[SyncOutcome]) -> str:
 def _without_jit(conn: psycopg.Connection) -> psycopg.Connection:
     """A sync's queries each read one audience's rows. Once a plan's estimate passes
     `jit_above_cost`, as the search for the rows to remove does for an audience of a few
-    thousand members, compiling it took 100 ms more than the 80 ms of running it."""
+    thousand members, compiling it costs more than running it."""
     conn.execute("SET jit = off")
     conn.commit()  # a SET is undone by a rollback until committed
     return conn

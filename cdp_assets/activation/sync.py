@@ -220,9 +220,8 @@ class MemberSource:
 
 
 # Working tables are emptied by DELETE up to this size together, truncated past it. A
-# TRUNCATE gives each table and index a new file: 0.75 ms on a quiet database, 12 ms a sync in
-# an increment, with the other syncs' commits waiting on the same disk. A DELETE leaves dead
-# rows that every later scan of the table reads.
+# TRUNCATE gives each table and index a new file, a disk flush that waits behind the other
+# syncs' commits; a DELETE leaves dead rows that every later scan of the table reads.
 DELETE_UP_TO_BYTES = 1_048_576
 # Created once per connection, emptied before each sync: one round trip.
 _SYNC_TABLES = f"""
@@ -278,7 +277,7 @@ def _load_confirmed(conn: psycopg.Connection, members: MemberSource) -> int:
 
 
 # Below this many rows the temporary tables' plans do not depend on their statistics, and an
-# ANALYZE (6 ms) would cost a re-sync of a few hundred members more than its queries.
+# ANALYZE would cost a re-sync of a few hundred members more than its queries.
 ANALYZE_FROM_ROWS = 10_000
 
 

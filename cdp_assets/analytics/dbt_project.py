@@ -109,7 +109,7 @@ KEPT_PARSE = PRODUCTION_STATE / PARTIAL_PARSE
 def keep_parse(invocation_target: Path) -> None:
     """Make an invocation's parse the project's. dagster-dbt gives each invocation a fresh
     target folder and copies the project's parse into it, so dbt re-reads only the files that
-    changed since: about 5 s of start-up instead of 10 s for a full parse. Replaced atomically,
+    changed since, half the start-up of a full parse. Replaced atomically,
     as concurrent runs may finish together."""
     parsed = invocation_target / PARTIAL_PARSE
     if not parsed.exists():
@@ -142,9 +142,9 @@ def refresh_production_state(env: Mapping[str, str]) -> Path:
 
 
 # Settings of dbt's sessions. JIT: the planner over-estimates the recursive and JSONB-heavy
-# models by orders of magnitude, so JIT compiled every large query, 1-2 s each, for queries
-# it does not speed up. work_mem: Postgres' default 4 MB spilled the identity and staging
-# sorts and hashes to disk. Together 12 % of the seed-scale build (94 s -> 83 s).
+# models by orders of magnitude, so JIT compiled every large query, for seconds each, for
+# queries it does not speed up. work_mem: Postgres' default 4 MB spilled the identity and
+# staging sorts and hashes to disk.
 DBT_SESSION_SETTINGS = "-c jit=off -c work_mem=64MB"
 # Read by macro audience_models: the audiences the project holds.
 AUDIENCE_MODELS_ENV = "CDP_AUDIENCE_MODELS"

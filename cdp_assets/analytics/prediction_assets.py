@@ -53,7 +53,7 @@ def summary_sql(model: str, scored_in: str | None = None) -> str:
     """Some tenants' fit inputs from a purchase summary model (macro purchase_summary), tenant
     after tenant and in a fixed order within each: floating-point sums depend on it, and the
     same data must give the same fit. One query for every tenant of a run: one per tenant
-    scanned the whole summary each time (41 tenants: 1.1 s of the server's time).
+    would scan the whole summary each time.
 
     `scored_in`: only the rows that table holds no prediction of, from the same build of the
     row (its built_at): the customers that changed since they were scored. Compared key and

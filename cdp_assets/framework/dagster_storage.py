@@ -3,14 +3,13 @@
 dagster-postgres opens a new connection for every statement of its run storage and event log
 (SQLAlchemy's NullPool), three or four per event. A run over many tenants' partitions stores
 thousands of events (one planned and one materialization per asset and partition, one per dbt
-test): 41 tenants' dbt models are about 1,800 events, which spent 33 s storing them, most of
-it connecting (2.7 ms each, and a server process forked per connection). Here both keep one
-connection and open more only while threads write at once.
+test), most of whose storing time went to connecting (a server process forked per connection).
+Here both keep one connection and open more only while threads write at once.
 
-It also asks the catalog, before many writes, whether a table or a column of a later
-migration exists: reflection of the whole table for a column (8 ms), on every run it adds
-and every run event it stores. What exists is remembered; what is missing is asked again,
-since `dagster instance migrate` may add it.
+It also asks the catalog, before many writes, whether a table or a column of a later migration
+exists: reflection of the whole table for a column, on every run it adds and every run event it
+stores. What exists is remembered; what is missing is asked again, since `dagster instance
+migrate` may add it.
 
 Creating a pool at its instance's default limit is an upsert here. Dagster 1.13.27 INSERTs the
 limit and UPDATEs it on a unique violation, in one transaction, which the violation has
@@ -18,16 +17,16 @@ already aborted on Postgres: setting the pools a second time on an instance (eve
 `cdp dev`), or two runs creating one pool at the same moment, failed.
 
 And it writes a run's events over a range of partitions in batches: the planned
-materializations a run records when it is created, and the materializations of each output,
-one per asset and partition (615 and 615 for 41 tenants' dbt models and predictions), took a
-statement or more each. Dagster batches the materializations when `DAGSTER_EVENT_BATCH_SIZE`
-is set, which this event log sets unless the environment already does; a batch of planned
-materializations, which dagster-postgres stores one by one, is written here in one INSERT,
-with the planned evaluations of the asset's checks: each run the orders schedule creates plans
-one month and two checks, three INSERTs and three NOTIFYs a run, 400 times a tick.
+materializations a run records when it is created, and the materializations of each output, one
+per asset and partition, took a statement or more each. Dagster batches the materializations
+when `DAGSTER_EVENT_BATCH_SIZE` is set, which this event log sets unless the environment
+already does; a batch of planned materializations, which dagster-postgres stores one by one, is
+written here in one INSERT, with the planned evaluations of the asset's checks: each run the
+orders schedule creates plans one month and two checks, one INSERT instead of three, and one
+NOTIFY, per tenant of a tick.
 
-A backfill of `vtex_orders` is stored as one backfill per tenant (`framework/backfills.py`), so its
-runs keep to one tenant each whatever the shape of the selection.
+A backfill of `vtex_orders` is stored as one backfill per tenant (`framework/backfills.py`), so
+its runs keep to one tenant each whatever the shape of the selection.
 
 `dagster.yaml`:
 

@@ -25,7 +25,7 @@ from cdp_assets.lib.environ import temporary_environment
 
 class CdpDbtCliResource(DbtCliResource):
     """dagster-dbt's resource, without two things it does before each step's first dbt command
-    (4-5 s together, as much as a small tenant's models): it runs `dbt --version`, and it
+    (together as long as a small tenant's models): it runs `dbt --version`, and it
     loads a dbt adapter in-process, used only to fetch row counts and column metadata, which
     this project does not ask for. The dbt it runs is the dbt-core installed beside this
     interpreter, so that package's version is the CLI's."""

@@ -1,11 +1,12 @@
 """A dbt command in a child forked from the step process, in place of a new `dbt` process.
 
-A `dbt` process is a new interpreter that imports dbt before its command starts: 2 s of each
-dbt step. A step process already holds dbt, imported by the server it was forked from (the
-code location imports dagster-dbt, which imports dbt), so a child forked from it starts its
-command at once. The child runs dbt's own command line entry point on the same arguments,
-environment and folder as the `dbt` process would, writes the same JSON log lines to a pipe
-and exits with the same code: dagster-dbt's invocation reads it as it reads the subprocess.
+A `dbt` process is a new interpreter that imports dbt before its command starts, a large share
+of a small dbt step. A step process already holds dbt, imported by the server it was forked
+from (the code location imports dagster-dbt, which imports dbt), so a child forked from it
+starts its command at once. The child runs dbt's own command line entry point on the same
+arguments, environment and folder as the `dbt` process would, writes the same JSON log lines to
+a pipe and exits with the same code: dagster-dbt's invocation reads it as it reads the
+subprocess.
 """
 
 from __future__ import annotations

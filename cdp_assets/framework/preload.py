@@ -4,8 +4,8 @@ they are forked from (framework/executor.py, and the benchmark's run workers).
 The code location is most of it. The rest is what Dagster imports lazily the first time a
 process creates its instance: the Postgres storage classes, SQLAlchemy's psycopg2 dialect, the
 path type of the instance's directories and the secrets loader. Forked from a server that had
-imported the code location alone, every step process spent 0.6-0.8 s importing them before
-its step started; with them, creating the instance takes about 0.1 s, mostly connecting.
+imported the code location alone, every step process imported them before its step started;
+with them, creating the instance is mostly connecting.
 """
 
 # ruff: noqa: F401

@@ -38,8 +38,8 @@ class GoogleResource(dg.ConfigurableResource):
         return self.sandbox_address or settings.value("GOOGLE_SANDBOX_ADDRESS")
 
     def audiences_for(self, destination: Destination) -> DataManagerAudiences | GoogleAdsAudiences:
-        # Google's generated clients take a while to import (the Data Manager API's 0.1 s,
-        # Google Ads' 0.8 s more): only the steps that push pay it, for their platform alone.
+        # Google's generated clients are slow to import (Google Ads' most of all): only the
+        # steps that push pay it, for their platform alone.
         settings: _CallSettings = {
             "attempts": self.attempts,
             "retry_base_seconds": self.retry_base_seconds,

@@ -73,8 +73,8 @@ USAGE_HEADERS = ("x-business-use-case-usage", "x-ad-account-usage")
 
 
 # Characters per piece of a form value given to quote_plus, which on Python 3.11 builds a list
-# entry for every byte: 58 MB of pointers at once for the 7 MB a 10,000-row batch encodes to,
-# in each of the activation's threads (CPython issue 95865, fixed in 3.12 the same way).
+# entry for every byte: eight bytes of pointer per byte of a batch, in each of the activation's
+# threads (CPython issue 95865, fixed in 3.12 the same way).
 FORM_PIECE = 65_536
 
 
