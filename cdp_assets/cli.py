@@ -1,4 +1,5 @@
-"""`cdp`: run the demo, open the Dagster UI, manage tenants, run the VTEX sandbox."""
+"""`cdp`: open the Dagster UI, manage tenants, destinations and privacy requests, check status;
+the development kit adds the demo, the sandboxes, the benchmark and the reliability suite."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import time
 import warnings
 from contextlib import AbstractContextManager
 from datetime import date
+from importlib import metadata
 from pathlib import Path
 
 import click
@@ -85,85 +87,6 @@ def maintenance(dry_run: bool) -> None:
     from cdp_assets.ops.maintenance import report_maintenance
 
     report_maintenance(dry_run)
-
-
-@main.command()
-def demo() -> None:
-    """End-to-end demo: embedded Postgres, the VTEX sandbox, three tenants, all VTEX assets."""
-    from cdp_assets.demo import run_demo
-
-    run_demo(echo=click.echo)
-
-
-@main.command()
-@click.option(
-    "--scale",
-    type=click.Choice(["small", "seed", "large", "fleet"]),
-    default="small",
-    show_default=True,
-    help="small: 2 tenants, 12k orders (CI smoke test); seed: the old system's load, 41"
-    " tenants, 1M orders; large: 1M customers, 5M orders; fleet: the control plane (cdp"
-    " status, the daemon's schedule and automation ticks and memory, the UI's partition"
-    " health, a backfill) at 41 and 400 tenants with a year of history.",
-)
-@click.option(
-    "--output",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=PROJECT_ROOT / "bench" / "results",
-    show_default=True,
-    help="Folder for <scale>.json, <scale>.svg and summary.md.",
-)
-@click.option(
-    "--fraction",
-    type=click.FloatRange(0, 1, min_open=True),
-    default=1.0,
-    show_default=True,
-    help="Generate this share of the scale's history (same tenants and daily increment), for"
-    " a machine on which the whole scale takes too long; the report says so.",
-)
-@click.option("--keep-database", is_flag=True, help="Keep the benchmark's database afterwards.")
-@click.option(
-    "--tenants",
-    "fleet_tenants",
-    type=click.IntRange(min=1),
-    multiple=True,
-    help="fleet only: the tenant counts to measure (repeatable), instead of 41 and 400; a"
-    " smaller fleet for development, the targets judged at the largest.",
-)
-def bench(
-    scale: str, output: Path, fraction: float, keep_database: bool, fleet_tenants: tuple[int, ...]
-) -> None:
-    """Benchmark every stage (write path, ingestion, analytics, activation, daily increment)
-    through the platform's Dagster jobs against the sandboxes, and report against targets."""
-    from cdp_assets.bench import run_bench
-
-    if scale == "fleet":
-        from cdp_assets.bench.fleet import FLEET_SIZES, run_fleet
-
-        report = run_fleet(output, echo=click.echo, sizes=fleet_tenants or FLEET_SIZES)
-        for row in report["targets"]:
-            verdict = "met" if row["met"] else "MISSED"
-            click.echo(
-                f"{verdict:>7}  {row['target']} at {row['tenants']} tenants: {row['value']}"
-                f" (< {row['limit']:g})"
-            )
-        return
-
-    report = run_bench(
-        scale, output, echo=click.echo, keep_database=keep_database, fraction=fraction
-    )
-    for row in report["targets"]:
-        if row["applies"] and row["met"] is not None:
-            verdict = "met" if row["met"] else "MISSED"
-            click.echo(
-                f"{verdict:>7}  {row['target']}: {row['value']:,.2f} {row['unit']}"
-                f" ({row['comparison']} {row['limit']:g} {row['unit']})"
-            )
-    failed = [c for c in report["consistency"] if not c["ok"]]
-    for check in failed:
-        click.echo(f"INCONSISTENT  {check['stage']}: {check['check']}: {check}")
-    if failed:
-        raise SystemExit(1)
 
 
 @main.command()
@@ -261,12 +184,12 @@ def health(host: str, port: int) -> None:
 )
 @click.option(
     "--sandbox/--no-sandbox",
-    default=True,
-    show_default=True,
+    default=None,
     help="Also serve the demo stores and the Meta and Google sandboxes on loopback, and point"
-    " the demo tenants and destinations at them.",
+    " the demo tenants and destinations at them (the development kit's; on by default when it"
+    " is installed).",
 )
-def dev(port: int, health_port: int, sandbox: bool) -> None:
+def dev(port: int, health_port: int, sandbox: bool | None) -> None:
     """Open the Dagster UI (webserver + daemon) on the platform's Postgres, with the health
     endpoint beside it. Safe to start again and again on the same home."""
     import dagster as dg
@@ -282,24 +205,11 @@ def dev(port: int, health_port: int, sandbox: bool) -> None:
     # Alerts link to runs in this UI unless a deployment says where its UI is.
     os.environ.setdefault(UI_URL_ENV, f"http://127.0.0.1:{port}")
     stack: list[AbstractContextManager[object, bool | None]] = []
+    if sandbox is None:
+        sandbox = _dev_sandbox_hook() is not None
     try:
         if sandbox:
-            from cdp_assets.demo import (
-                DEMO_TENANTS,
-                demo_sandboxes,
-                register_demo_destinations,
-                register_demo_tenants,
-            )
-            from cdp_assets.sandbox import SandboxProcess
-
-            server = SandboxProcess([d.store for d in DEMO_TENANTS]).__enter__()
-            stack.append(server)
-            # In this process: runs reach them through the environment they inherit.
-            stack.append(demo_sandboxes())
-            with psycopg.connect(url) as conn:
-                register_demo_tenants(conn, server)
-                register_demo_destinations(conn)
-            click.echo(f"VTEX sandbox on {server.base_url}; Meta and Google sandboxes too")
+            stack.append(_dev_sandboxes(url))
         workspace = str(PROJECT_ROOT / "workspace.yaml")
         bin_dir = Path(sys.executable).parent
         processes = [
@@ -611,39 +521,35 @@ def db_shell() -> None:
     raise SystemExit(subprocess.call([psql_executable(), migrated_url()]))
 
 
-@main.command()
-@click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", default=8765, show_default=True)
-@click.option(
-    "--store",
-    "stores",
-    multiple=True,
-    metavar="SPEC",
-    help='A synthetic store, e.g. "acme:orders=20000,customers=5000,seed=1" (repeatable).'
-    " Default: the demo's stores.",
-)
-def sandbox(host: str, port: int, stores: tuple[str, ...]) -> None:
-    """Serve the loopback VTEX sandbox in the foreground: VTEX's OMS, catalog, Master Data and
-    orders feed for synthetic stores, each at http://HOST:PORT/<account>."""
-    from cdp_assets.demo import demo_store_args
-
-    store_args = [arg for spec in stores for arg in ("--store", spec)] or demo_store_args()
-    command = ["-m", "cdp_assets.sandbox", "--host", host, "--port", str(port), *store_args]
-    os.execv(sys.executable, [sys.executable, *command])
+# The development kit (cdp_devkit: sandboxes, demo, benchmark, reliability runner) adds its
+# commands and `cdp dev`'s sandboxes through these entry points; the product imports none of it.
+COMMANDS_GROUP = "cdp.commands"
+DEV_SANDBOXES_GROUP = "cdp.dev_sandboxes"
+DEVKIT_MISSING = "the development kit is not installed: pip install -e '.[devkit]'"
 
 
-@main.command(context_settings={"ignore_unknown_options": True})
-@click.option(
-    "--full",
-    is_flag=True,
-    help="Also run the long randomized scenarios (marked `long`), which CI leaves out.",
-)
-@click.argument("pytest_args", nargs=-1, type=click.UNPROCESSED)
-def reliability(full: bool, pytest_args: tuple[str, ...]) -> None:
-    """Run the reliability and security suite (tests/reliability) and print its table:
-    scenario, faults injected, records checked, lost, duplicates, result. Extra arguments go
-    to pytest (e.g. `-k isolation`). Exits 1 when a test fails or anything was lost or
-    duplicated."""
-    from cdp_assets.reliability import run_suite
+def _installed(group: str) -> list[metadata.EntryPoint]:
+    return sorted(metadata.entry_points(group=group), key=lambda entry: entry.name)
 
-    raise SystemExit(run_suite(full, pytest_args))
+
+def _dev_sandbox_hook() -> metadata.EntryPoint | None:
+    return next(iter(_installed(DEV_SANDBOXES_GROUP)), None)
+
+
+def _dev_sandboxes(url: str) -> AbstractContextManager[object, bool | None]:
+    hook = _dev_sandbox_hook()
+    if hook is None:
+        raise click.ClickException(DEVKIT_MISSING)
+    return hook.load()(url, click.echo)
+
+
+def _add_kit_commands() -> None:
+    for entry in _installed(COMMANDS_GROUP):
+        try:
+            command = entry.load()
+        except ImportError:  # declared by the package, not installed (the production image)
+            continue
+        main.add_command(command, entry.name)
+
+
+_add_kit_commands()

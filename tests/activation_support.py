@@ -7,7 +7,7 @@ import psycopg
 
 from cdp_assets.activation.destinations import Destination, add_audience, add_destination
 from cdp_assets.partitions import tenants
-from cdp_assets.sandbox.audience_warehouse import (
+from cdp_devkit.sandbox.audience_warehouse import (
     AUDIENCE,
     activation_warehouse,
     add_tenant_with_customers,

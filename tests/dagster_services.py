@@ -35,7 +35,7 @@ from cdp_assets.analytics.dbt_project import ensure_manifest
 from cdp_assets.lib.dagster_home import apply_pool_limits, prepare_dagster_home
 from cdp_assets.lib.database import sqlalchemy_url, with_database
 from cdp_assets.partitions import tenants
-from cdp_assets.sandbox import SandboxProcess
+from cdp_devkit.sandbox import SandboxProcess
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent

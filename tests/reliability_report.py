@@ -11,7 +11,7 @@ import json
 import os
 from pathlib import Path
 
-# Set by `cdp reliability` (cdp_assets.reliability.REPORT_ENV). A plain test run writes no
+# Set by `cdp reliability` (cdp_devkit.reliability.REPORT_ENV). A plain test run writes no
 # report: the published one (bench/results/reliability.json) is `cdp reliability`'s.
 REPORT_PATH = os.environ.get("CDP_RELIABILITY_REPORT")
 

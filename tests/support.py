@@ -17,11 +17,11 @@ from dagster._daemon.types import DaemonHeartbeat
 from cdp_assets.analytics.dbt_project import DBT_EXECUTABLE, DBT_PROJECT_DIR, dbt_connection_env
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.partitions import month_start, order_months, tenant_month_range_tags, tenants
-from cdp_assets.sandbox import SandboxProcess, credentials_for
 from cdp_assets.tenants.registry import Tenant, add_tenant, vtex_orders_available_from
 from cdp_assets.vtex.assets import vtex_customers, vtex_orders, vtex_products, vtex_skus
 from cdp_assets.vtex.import_orders import import_orders
 from cdp_assets.vtex.resources import VtexResource
+from cdp_devkit.sandbox import SandboxProcess, credentials_for
 
 
 def months_ago(back: int) -> date:

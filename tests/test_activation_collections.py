@@ -14,8 +14,8 @@ from activation_support import activation_warehouse, add_tenant_with_customers, 
 from cdp_assets.activation.destinations import Destination, DestinationAudience
 from cdp_assets.activation.sync import AudienceGone, MemberSource, SyncOptions, sync_audience
 from cdp_assets.activation.vtex_collections.client import VtexCollections
-from cdp_assets.sandbox import SandboxProcess, StoreSpec, credentials_for
 from cdp_assets.vtex.client import Credentials, VtexClient
+from cdp_devkit.sandbox import SandboxProcess, StoreSpec, credentials_for
 
 ACCOUNT = "collections"
 STORE = StoreSpec(ACCOUNT, seed=41, customers=50, orders=20, products=40)

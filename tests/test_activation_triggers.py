@@ -31,13 +31,13 @@ from cdp_assets.activation.triggers import (
     change_requests,
     changed_audiences,
 )
+from cdp_assets.activation.vtex_collections.assets import vtex_product_collections
 from cdp_assets.analytics.schedules import on_48_hour_cadence
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.partitions import RANGE_END_TAG, RANGE_START_TAG, tenants
-from cdp_assets.sandbox.meta_graph import MetaSandbox
 from cdp_assets.tenants.registry import Tenant, list_tenants
 from cdp_assets.tenants.runs import tenant_blocks
-from cdp_assets.vtex.assets import vtex_product_collections
+from cdp_devkit.sandbox.meta_graph import MetaSandbox
 
 ORDER = ["trig_a", "trig_b"]  # the tenants' partitions, in order
 

@@ -44,7 +44,7 @@ from cdp_assets.analytics.prediction_assets import customer_predictions
 from cdp_assets.lib.environ import temporary_environment
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.ops.freshness import FRESHNESS
-from cdp_assets.sandbox import MetaSandbox, SandboxProcess, StoreSpec
+from cdp_devkit.sandbox import MetaSandbox, SandboxProcess, StoreSpec
 
 REPOSITORY = DBT_PROJECT_DIR.parent
 CDP = str(Path(sys.executable).parent / "cdp")

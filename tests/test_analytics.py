@@ -32,6 +32,7 @@ from cdp_assets.activation.destinations import Destination, add_audience, add_de
 from cdp_assets.activation.meta.assets import meta_custom_audiences
 from cdp_assets.activation.meta.resources import MetaResource
 from cdp_assets.activation.triggers import changed_audiences
+from cdp_assets.activation.vtex_collections.assets import vtex_product_collections
 from cdp_assets.activation.vtex_collections.rules import collection_skus
 from cdp_assets.analytics.assets import (
     AS_OF_ENV,
@@ -63,8 +64,7 @@ from cdp_assets.analytics.prediction_assets import (
 from cdp_assets.lib.environ import temporary_environment
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.partitions import RANGE_END_TAG, RANGE_START_TAG
-from cdp_assets.sandbox import MetaSandbox, SandboxProcess, StoreSpec, credentials_for
-from cdp_assets.vtex.assets import vtex_product_collections
+from cdp_devkit.sandbox import MetaSandbox, SandboxProcess, StoreSpec, credentials_for
 
 SEGMENTS = {
     "Champions",

@@ -18,7 +18,7 @@ from cdp_assets.analytics.jobs import CHANGES_JOB
 from cdp_assets.definitions import defs
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.partitions import RANGE_END_TAG, RANGE_START_TAG
-from cdp_assets.sandbox import SandboxProcess, StoreSpec
+from cdp_devkit.sandbox import SandboxProcess, StoreSpec
 
 STORES = {
     "per_a": StoreSpec(

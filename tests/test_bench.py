@@ -16,9 +16,9 @@ import pytest
 from cdp_assets.activation.triggers import activation_push
 from cdp_assets.analytics.dbt_project import DBT_PROJECT_DIR
 from cdp_assets.analytics.jobs import ANALYTICS_JOB, AUDIENCES_JOB
-from cdp_assets.bench import SCALES, run_bench
-from cdp_assets.bench.report import render_summary
 from cdp_assets.vtex.jobs import ORDERS_SYNC_JOB
+from cdp_devkit.bench import SCALES, run_bench
+from cdp_devkit.bench.report import render_summary
 
 # About two minutes on an idle 2-core machine; the first test also pays for the module's run.
 pytestmark = pytest.mark.timeout(900)

@@ -51,8 +51,8 @@ from cdp_assets.framework.executor import (
 )
 from cdp_assets.lib.dagster_home import apply_pool_limits
 from cdp_assets.partitions import tenants
-from cdp_assets.sandbox import SandboxProcess, StoreSpec
 from cdp_assets.vtex.jobs import TENANT_SYNC_JOB
+from cdp_devkit.sandbox import SandboxProcess, StoreSpec
 
 ARTIFACTS = ROOT / "tests" / "artifacts" / "celery"
 WORKER_CONFIG = ROOT / "deploy" / "celery.yaml"

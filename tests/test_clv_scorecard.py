@@ -25,11 +25,11 @@ from cdp_assets.analytics.prediction_assets import holdout_predictions
 from cdp_assets.lib.environ import temporary_environment
 from cdp_assets.lib.upsert import upsert_documents
 from cdp_assets.lib.warehouse import WarehouseResource
-from cdp_assets.sandbox import StoreSpec
-from cdp_assets.sandbox.generator import Store
 from cdp_assets.tenants.registry import Tenant, add_tenant
 from cdp_assets.vtex.records import order_row
 from cdp_assets.vtex.sync import ORDERS
+from cdp_devkit.sandbox import StoreSpec
+from cdp_devkit.sandbox.generator import Store
 
 HOLDOUT_DAYS = 180  # dbt var churn_holdout_days
 SYNTHETIC = StoreSpec(

@@ -262,6 +262,9 @@ def test_the_image_copies_what_exists_and_installs_the_package(image: Image) -> 
     # What the package reads beside itself once installed editable in the image.
     assert image.repo_path(f"{image.workdir}/dbt_project/dbt_project.yml").exists()
     assert image.repo_path(f"{image.workdir}/cdp_assets/definitions.py").exists()
+    # The product alone: neither the development kit nor its extra.
+    assert not any("cdp_devkit" in str(source) for source in image.copies.values())
+    assert not any(re.search(r"pip install .*\[", run) for run in image.runs)
     check_command(image.cmd)
 
 

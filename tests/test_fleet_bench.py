@@ -8,8 +8,8 @@ import json
 
 from click.testing import CliRunner
 
-from cdp_assets.bench.fleet import TARGETS
 from cdp_assets.cli import main
+from cdp_devkit.bench.fleet import TARGETS
 
 TENANTS = 2
 

@@ -18,12 +18,10 @@ from cdp_assets.activation.meta.assets import meta_custom_audiences
 from cdp_assets.activation.triggers import activation_push, audience_changes_sensor
 from cdp_assets.analytics.feed_changes import feed_changes_sensor
 from cdp_assets.analytics.jobs import CHANGES_JOB
-from cdp_assets.bench.freshness import at_platform
 from cdp_assets.definitions import defs
 from cdp_assets.lib.environ import temporary_environment
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.partitions import RANGE_END_TAG, RANGE_START_TAG, tenants
-from cdp_assets.sandbox import MetaSandbox, SandboxProcess, StoreSpec
 from cdp_assets.vtex.feed import FeedSettings, turn_feed_on
 from cdp_assets.vtex.feed_defs import (
     FEED_SYNC_JOB,
@@ -31,6 +29,8 @@ from cdp_assets.vtex.feed_defs import (
     vtex_orders_feed,
     vtex_orders_feed_sensor,
 )
+from cdp_devkit.bench.freshness import at_platform
+from cdp_devkit.sandbox import MetaSandbox, SandboxProcess, StoreSpec
 
 STORES = {
     "chain_a": StoreSpec(

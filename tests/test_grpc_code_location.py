@@ -27,7 +27,7 @@ from dagster_services import (
 )
 from support import register
 
-from cdp_assets.sandbox import SandboxProcess, StoreSpec
+from cdp_devkit.sandbox import SandboxProcess, StoreSpec
 
 ARTIFACTS = ROOT / "tests" / "artifacts" / "grpc"
 TENANT = "grpc_shop"

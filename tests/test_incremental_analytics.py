@@ -28,7 +28,7 @@ from cdp_assets.analytics.prediction_assets import (
 from cdp_assets.analytics.predictions import score
 from cdp_assets.lib.environ import temporary_environment
 from cdp_assets.lib.warehouse import WarehouseResource
-from cdp_assets.sandbox import SandboxProcess, StoreSpec
+from cdp_devkit.sandbox import SandboxProcess, StoreSpec
 
 TENANT = "inc_shop"
 SHOP = StoreSpec(

@@ -1,6 +1,6 @@
-"""The package's layers, in the direction data flows: a module imports only from its own layer
-and the layers before it. The development kit (sandboxes, benchmark, reliability runner) sits
-apart: nothing of the product imports it but the commands that run it."""
+"""The product's layers, in the direction data flows: a module imports only from its own layer
+and the layers before it. The development kit (cdp_devkit: sandboxes, demo, benchmark,
+reliability runner) sits apart: nothing of the product imports it."""
 
 from __future__ import annotations
 
@@ -20,9 +20,8 @@ LAYERS = (
     ("activation",),
     ("privacy",),
     ("ops",),
-    ("definitions", "cli", "demo"),
+    ("definitions", "cli"),
 )
-DEVELOPMENT_KIT = ("sandbox", "bench", "reliability")
 # Imports against the direction, each with why it is there.
 ALLOWED = {
     # The forkserver's preload is what a run process imports before its first step: the code
@@ -31,28 +30,26 @@ ALLOWED = {
     # Generating the surface file loads the definitions it describes (status reads the file).
     ("ops.surface", "definitions"),
 }
-# The commands that start the development kit's servers and runs.
-KIT_USERS = {"cli", "demo"}
 
 
 def _layer(top: str) -> int:
     return next(i for i, names in enumerate(LAYERS) if top in names)
 
 
-def _imports(path: Path) -> set[str]:
-    """Every cdp_assets module the file imports, at the top or inside a function."""
+def _imports(path: Path, package: str = "cdp_assets") -> set[str]:
+    """Every module of `package` the file imports, at the top or inside a function."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            if node.module == "cdp_assets":
+            if node.module == package:
                 found |= {alias.name for alias in node.names}
-            elif node.module.startswith("cdp_assets."):
-                found.add(node.module.removeprefix("cdp_assets."))
+            elif node.module.startswith(f"{package}."):
+                found.add(node.module.removeprefix(f"{package}."))
         elif isinstance(node, ast.Import):
             found |= {
-                alias.name.removeprefix("cdp_assets.")
+                alias.name.removeprefix(f"{package}.")
                 for alias in node.names
-                if alias.name.startswith("cdp_assets.")
+                if alias.name == package or alias.name.startswith(f"{package}.")
             }
     return found
 
@@ -69,21 +66,23 @@ def test_every_module_imports_only_its_own_layer_and_those_before_it() -> None:
     against = []
     for module, path in sorted(_modules().items()):
         top = module.split(".")[0]
-        if top in DEVELOPMENT_KIT or top == "__init__":
+        if top == "__init__":
             continue
         for imported in _imports(path):
             target = imported.split(".")[0]
-            if target in DEVELOPMENT_KIT:
-                if top not in KIT_USERS:
-                    against.append(f"{module} -> {imported} (development kit)")
-            elif _layer(target) > _layer(top) and (module, target) not in ALLOWED:
+            if _layer(target) > _layer(top) and (module, target) not in ALLOWED:
                 against.append(f"{module} -> {imported}")
     assert against == []
 
 
+def test_the_product_imports_nothing_of_the_development_kit() -> None:
+    kit = {module: _imports(path, "cdp_devkit") for module, path in _modules().items()}
+    assert {module: found for module, found in kit.items() if found} == {}
+
+
 def test_every_top_level_module_has_a_layer() -> None:
     tops = {module.split(".")[0] for module in _modules()}
-    placed = {name for names in LAYERS for name in names} | set(DEVELOPMENT_KIT)
+    placed = {name for names in LAYERS for name in names}
     assert tops - placed == set()
 
 

@@ -20,11 +20,11 @@ from openapi_schema_validator import OAS30Validator
 from support import register, vtex_for
 
 from cdp_assets.activation.destinations import Destination, add_audience, add_destination
+from cdp_assets.activation.vtex_masterdata.assets import vtex_masterdata_fields
 from cdp_assets.cli import main as cli
 from cdp_assets.lib.warehouse import WarehouseResource
-from cdp_assets.sandbox import SandboxProcess, StoreSpec, credentials_for
-from cdp_assets.sandbox.audience_warehouse import CUSTOMERS, activation_warehouse
-from cdp_assets.vtex.assets import vtex_masterdata_fields
+from cdp_devkit.sandbox import SandboxProcess, StoreSpec, credentials_for
+from cdp_devkit.sandbox.audience_warehouse import CUSTOMERS, activation_warehouse
 
 ACCOUNTS = ("mdfirst", "mdchange", "mdguard", "mdgate", "mdcheck", "mdspec", "mddeleted")
 CUSTOMER_COUNT = 30

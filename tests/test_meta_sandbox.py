@@ -22,8 +22,8 @@ from facebook_business.api import FacebookAdsApi
 from facebook_business.exceptions import FacebookRequestError
 from facebook_business.session import FacebookSession
 
-from cdp_assets.sandbox import META_FAULT_KINDS, MetaSandbox
-from cdp_assets.sandbox.meta_graph import GraphLimits
+from cdp_devkit.sandbox import META_FAULT_KINDS, MetaSandbox
+from cdp_devkit.sandbox.meta_graph import GraphLimits
 
 TOKEN = "sandbox-token"
 OTHER_TOKEN = "other-token"
@@ -560,7 +560,7 @@ def test_requests_are_recorded_with_parsed_payloads(
 
 
 def test_100k_adds_in_10_requests(sandbox: MetaSandbox, audience: CustomAudience) -> None:
-    # Timing is the benchmark's business (bench/activation.py); this checks the volume.
+    # Timing is the benchmark's business (cdp_devkit/bench/activation.py); this checks the volume.
     for batch in range(10):
         session = {"session_id": 9, "batch_seq": batch + 1, "last_batch_flag": batch == 9}
         result = add(audience, people(batch * 10_000, (batch + 1) * 10_000), session=session)

@@ -57,18 +57,18 @@ from cdp_assets.partitions import order_months, tenant_month_range_tags, tenants
 from cdp_assets.privacy.audit import get_request
 from cdp_assets.privacy.definitions import PRIVACY_REQUESTS_JOB
 from cdp_assets.privacy.erase import STEPS
-from cdp_assets.sandbox import (
+from cdp_assets.tenants.registry import Tenant, add_tenant
+from cdp_assets.vtex.jobs import ORDERS_SYNC_JOB, TENANT_SYNC_JOB
+from cdp_assets.vtex.records import customer_row, order_row
+from cdp_assets.vtex.sync import CUSTOMERS, ORDERS
+from cdp_devkit.sandbox import (
     GoogleSandbox,
     MetaSandbox,
     SandboxProcess,
     StoreSpec,
     credentials_for,
 )
-from cdp_assets.sandbox.generator import format_ticks, to_ticks
-from cdp_assets.tenants.registry import Tenant, add_tenant
-from cdp_assets.vtex.jobs import ORDERS_SYNC_JOB, TENANT_SYNC_JOB
-from cdp_assets.vtex.records import customer_row, order_row
-from cdp_assets.vtex.sync import CUSTOMERS, ORDERS
+from cdp_devkit.sandbox.generator import format_ticks, to_ticks
 
 HISTORY_START = months_ago(6)
 STORES = {

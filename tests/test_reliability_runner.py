@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from cdp_assets import reliability
 from cdp_assets.cli import main
+from cdp_devkit import reliability
 
 PASS = {"scenario": "a", "faults": "x", "checked": 10, "lost": 0, "duplicates": 0}
 

@@ -21,7 +21,7 @@ import pytest
 import requests
 from openapi_schema_validator import OAS30Validator
 
-from cdp_assets.sandbox import (
+from cdp_devkit.sandbox import (
     MALFORMED_KINDS,
     SandboxProcess,
     Store,

@@ -13,17 +13,12 @@ from cdp_assets.lib import settings
 from cdp_assets.ops.maintenance import DAGSTER_RUNS, RETENTIONS
 
 PACKAGE = Path(settings.__file__).resolve().parents[1]
-# The development kit (sandboxes, benchmark, reliability runner) has variables of its own.
-DEVELOPMENT_KIT = ("sandbox", "bench", "reliability.py")
 READERS = {"value", "required", "positive_number"}
 
 
 def _product_modules() -> list[Path]:
-    return [
-        path
-        for path in sorted(PACKAGE.rglob("*.py"))
-        if not path.relative_to(PACKAGE).parts[0].startswith(DEVELOPMENT_KIT)
-    ]
+    """The product's modules; the development kit (cdp_devkit) has variables of its own."""
+    return sorted(PACKAGE.rglob("*.py"))
 
 
 def _is_environ(node: ast.expr) -> bool:

@@ -43,8 +43,8 @@ from dagster_services import (
 from support import months_ago, register
 
 from cdp_assets.partitions import RANGE_END_TAG, RANGE_START_TAG
-from cdp_assets.sandbox import SandboxProcess, StoreSpec
 from cdp_assets.vtex.jobs import TENANT_SYNC_JOB
+from cdp_devkit.sandbox import SandboxProcess, StoreSpec
 
 ARTIFACTS = ROOT / "tests" / "artifacts" / "ui"
 DOCS_SCREENSHOT = ROOT / "docs" / "asset-graph.png"

@@ -6,7 +6,6 @@ from email.utils import format_datetime
 
 import pytest
 
-from cdp_assets.sandbox import SandboxProcess, StoreSpec, credentials_for
 from cdp_assets.tenants.registry import Credentials, Tenant, TenantError
 from cdp_assets.vtex.client import (
     ListingTooLong,
@@ -19,6 +18,7 @@ from cdp_assets.vtex.client import (
     naming_tenant,
     retry_after_seconds,
 )
+from cdp_devkit.sandbox import SandboxProcess, StoreSpec, credentials_for
 
 # Four pages of 1,000 CL documents and a little more; a catalog of several id pages.
 SCROLLS = StoreSpec("scrolls", seed=31, customers=3500, orders=50, products=10)

@@ -16,8 +16,6 @@ from cdp_assets.analytics.feed_changes import FeedChanges, read_landings
 from cdp_assets.cli import main
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.partitions import RANGE_END_TAG, RANGE_START_TAG, tenants
-from cdp_assets.sandbox import SandboxProcess, StoreSpec
-from cdp_assets.sandbox.faults import FEED_EVENT_DEFECTS
 from cdp_assets.tenants.registry import Tenant
 from cdp_assets.vtex.client import VtexClient, VtexError
 from cdp_assets.vtex.feed import (
@@ -37,6 +35,8 @@ from cdp_assets.vtex.feed_defs import (
     vtex_orders_feed_sensor,
 )
 from cdp_assets.vtex.sync import Landing, sync_orders
+from cdp_devkit.sandbox import SandboxProcess, StoreSpec
+from cdp_devkit.sandbox.faults import FEED_EVENT_DEFECTS
 
 ACCOUNTS = (
     "feedcli",

@@ -15,10 +15,10 @@ from support import HISTORY_START, TABLES, metadata, months_ago, register, sync,
 from cdp_assets.cli import main
 from cdp_assets.ops.metrics import collect_history
 from cdp_assets.partitions import order_months
-from cdp_assets.sandbox import SandboxProcess, StoreSpec, credentials_for
 from cdp_assets.tenants.registry import vtex_orders_available_from
 from cdp_assets.vtex.assets import MONTH_FIGURES
 from cdp_assets.vtex.client import CUSTOMER_FIELDS
+from cdp_devkit.sandbox import SandboxProcess, StoreSpec, credentials_for
 
 BUSY_DAY = months_ago(18) + timedelta(days=14)
 STORES = {

@@ -33,9 +33,9 @@ from cdp_assets.framework.executor import multiprocess_forkserver_executor
 from cdp_assets.lib.database import sqlalchemy_url
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.partitions import tenants
-from cdp_assets.sandbox import SandboxProcess
 from cdp_assets.vtex.assets import vtex_products
 from cdp_assets.vtex.resources import VtexResource
+from cdp_devkit.sandbox import SandboxProcess
 
 HERE = Path(__file__).resolve().parent
 JOB = "products"

@@ -38,8 +38,8 @@ from cdp_assets.framework.dagster_storage import storage_config
 from cdp_assets.lib.database import sqlalchemy_url
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.partitions import order_months, tenants
-from cdp_assets.sandbox import SandboxProcess, StoreSpec
 from cdp_assets.vtex.assets import vtex_orders
+from cdp_devkit.sandbox import SandboxProcess, StoreSpec
 
 TESTS = Path(__file__).resolve().parent.parent
 RUNS_LINE = "RUNS "

@@ -40,18 +40,18 @@ from cdp_assets.definitions import defs
 from cdp_assets.lib.environ import temporary_environment
 from cdp_assets.lib.upsert import upsert_documents
 from cdp_assets.partitions import order_months, tenant_month_range_tags, tenants
-from cdp_assets.sandbox import (
+from cdp_assets.tenants.registry import Tenant, add_tenant
+from cdp_assets.vtex.jobs import ORDERS_SYNC_JOB, TENANT_SYNC_JOB
+from cdp_assets.vtex.records import customer_row, order_row
+from cdp_assets.vtex.sync import CUSTOMERS, ORDERS
+from cdp_devkit.sandbox import (
     GoogleSandbox,
     MetaSandbox,
     SandboxProcess,
     StoreSpec,
     credentials_for,
 )
-from cdp_assets.sandbox.generator import format_ticks, to_ticks
-from cdp_assets.tenants.registry import Tenant, add_tenant
-from cdp_assets.vtex.jobs import ORDERS_SYNC_JOB, TENANT_SYNC_JOB
-from cdp_assets.vtex.records import customer_row, order_row
-from cdp_assets.vtex.sync import CUSTOMERS, ORDERS
+from cdp_devkit.sandbox.generator import format_ticks, to_ticks
 
 HISTORY_START = months_ago(18)
 STORES = {

@@ -15,11 +15,11 @@ from support import THIS_MONTH, metadata, months_ago, register, sync, vtex_for
 from truth import compare, cursor_gaps, cursors, load_truth, moved_back
 
 from cdp_assets.partitions import month_start, order_months
-from cdp_assets.sandbox import SandboxProcess, StoreSpec
 from cdp_assets.vtex import resources
 from cdp_assets.vtex.assets import OVERLAP
 from cdp_assets.vtex.client import OrderListing, VtexClient
 from cdp_assets.vtex.feed import FeedSettings, drain_feed, turn_feed_on
+from cdp_devkit.sandbox import SandboxProcess, StoreSpec
 
 # Two dense months, the two before this one: order-list windows span several pages (100
 # orders each), so duplicated and reordered pages happen; 1,200 customers make the Master Data

@@ -63,6 +63,7 @@ from cdp_assets.activation.google.assets import google_customer_match
 from cdp_assets.activation.google.resources import GoogleResource
 from cdp_assets.activation.meta.assets import meta_custom_audiences
 from cdp_assets.activation.meta.resources import MetaResource
+from cdp_assets.activation.vtex_collections.assets import vtex_product_collections
 from cdp_assets.activation.vtex_collections.rules import LIMITS, collection_skus, rule_params
 from cdp_assets.analytics.assets import RUN_VARS_ENV, dbt_vars
 from cdp_assets.analytics.dbt_project import DBT_EXECUTABLE, DBT_PROJECT_DIR, dbt_connection_env
@@ -71,7 +72,6 @@ from cdp_assets.lib.rejects import Reject
 from cdp_assets.lib.upsert import Row
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.partitions import tenants as tenant_partitions
-from cdp_assets.sandbox import GoogleSandbox, MetaSandbox, Store, StoreSpec
 from cdp_assets.tenants.registry import (
     ACCOUNT,
     ENV_REF,
@@ -82,7 +82,7 @@ from cdp_assets.tenants.registry import (
     get_tenant,
     set_active,
 )
-from cdp_assets.vtex.assets import vtex_product_collections, vtex_products
+from cdp_assets.vtex.assets import vtex_products
 from cdp_assets.vtex.client import MalformedBody, Reply
 from cdp_assets.vtex.records import (
     MAX_CENTS,
@@ -95,6 +95,7 @@ from cdp_assets.vtex.records import (
 )
 from cdp_assets.vtex.resources import VtexResource
 from cdp_assets.vtex.sync import CUSTOMERS, ORDERS, PRODUCTS, SKUS, Landing, _detail, land
+from cdp_devkit.sandbox import GoogleSandbox, MetaSandbox, Store, StoreSpec
 
 # ----- profiles and the report ------------------------------------------------------------------
 

@@ -21,7 +21,7 @@ from products_worker import STUBBORN_JOB, RunWorker, wait_for
 from support import register
 from truth import compare
 
-from cdp_assets.sandbox import SandboxProcess, StoreSpec
+from cdp_devkit.sandbox import SandboxProcess, StoreSpec
 
 STORE = StoreSpec("cancelling", seed=61, customers=50, orders=50, products=40)
 CANCEL_TIMEOUT = yaml.safe_load((files("cdp_assets.lib") / "dagster.yaml").read_text())[

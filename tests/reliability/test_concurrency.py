@@ -27,7 +27,7 @@ from support import TABLES, THIS_MONTH, months_ago, register
 from truth import compare, landed_rows, load_truth, truth_counts
 
 from cdp_assets.partitions import tenants
-from cdp_assets.sandbox import SandboxProcess, StoreSpec
+from cdp_devkit.sandbox import SandboxProcess, StoreSpec
 
 STORE = StoreSpec(
     account="concurrency",

@@ -39,7 +39,7 @@ from truth import (
 from cdp_assets.activation.destinations import Destination
 from cdp_assets.activation.identifiers import META_SCHEMA, sha256_hex
 from cdp_assets.partitions import order_months
-from cdp_assets.sandbox import MetaSandbox, SandboxProcess, StoreSpec
+from cdp_devkit.sandbox import MetaSandbox, SandboxProcess, StoreSpec
 
 # Nine months of orders: a kill falls between the commits of months, or inside one.
 STORE = StoreSpec(

@@ -31,8 +31,8 @@ from truth import (
 )
 
 from cdp_assets.partitions import order_months
-from cdp_assets.sandbox import SandboxProcess, StoreSpec
 from cdp_assets.vtex.sync import BATCH_SIZE
+from cdp_devkit.sandbox import SandboxProcess, StoreSpec
 
 # Seven months of orders, and customers in three landing batches (2,000 + 2,000 + 500).
 STORE = StoreSpec(

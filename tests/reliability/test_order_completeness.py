@@ -23,11 +23,11 @@ from cdp_assets.cli import main
 from cdp_assets.lib.upsert import upsert_documents
 from cdp_assets.ops.status import collect_status, render_text
 from cdp_assets.partitions import month_start, tenants
-from cdp_assets.sandbox import SandboxProcess, StoreSpec
 from cdp_assets.tenants.registry import vtex_orders_available_from
 from cdp_assets.vtex.checks import orders_reconciled_check
 from cdp_assets.vtex.records import order_row
 from cdp_assets.vtex.sync import ORDERS
+from cdp_devkit.sandbox import SandboxProcess, StoreSpec
 
 # Three whole months of about 16 orders each, inside the two years VTEX serves.
 HOSTILE = StoreSpec(

@@ -36,9 +36,9 @@ from cdp_assets.lib.environ import temporary_environment
 from cdp_assets.lib.upsert import upsert_documents
 from cdp_assets.privacy.audit import get_request
 from cdp_assets.privacy.erase import STEPS
-from cdp_assets.sandbox import MetaSandbox
 from cdp_assets.vtex.records import customer_row, order_row
 from cdp_assets.vtex.sync import CUSTOMERS, ORDERS
+from cdp_devkit.sandbox import MetaSandbox
 
 TENANT = "privacy_crash"
 META_ACCOUNT = "6161"

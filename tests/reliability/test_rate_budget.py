@@ -11,7 +11,7 @@ from products_worker import RunWorker
 from support import register
 from truth import Comparison, compare
 
-from cdp_assets.sandbox import SandboxProcess, StoreSpec
+from cdp_devkit.sandbox import SandboxProcess, StoreSpec
 
 STORE = StoreSpec("budgeted", seed=71, customers=20, orders=20, products=500)
 RATE = 100  # requests per second each run paces itself at

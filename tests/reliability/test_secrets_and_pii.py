@@ -44,16 +44,16 @@ from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.ops.alerts import WEBHOOK_ENV
 from cdp_assets.ops.sensors import sync_errors_sensor
 from cdp_assets.partitions import tenants
-from cdp_assets.sandbox import (
+from cdp_assets.tenants.registry import Tenant, add_tenant
+from cdp_assets.vtex.assets import vtex_products
+from cdp_assets.vtex.resources import VtexResource
+from cdp_devkit.sandbox import (
     GoogleSandbox,
     MetaSandbox,
     SandboxProcess,
     StoreSpec,
     credentials_for,
 )
-from cdp_assets.tenants.registry import Tenant, add_tenant
-from cdp_assets.vtex.assets import vtex_products
-from cdp_assets.vtex.resources import VtexResource
 
 # What each sandbox must receive, so is not a leak there.
 META_AUTH_PARAMS = {"access_token", "appsecret_proof"}

@@ -23,7 +23,7 @@ import sqlalchemy
 from support import register, sync, vtex_for
 
 from cdp_assets.lib.database import CONNECT_TIMEOUT_ENV, connect, sqlalchemy_url
-from cdp_assets.sandbox import SandboxProcess, StoreSpec
+from cdp_devkit.sandbox import SandboxProcess, StoreSpec
 
 CONNECT_TIMEOUT = 2  # libpq's least
 STORE = StoreSpec("dripping", seed=81, customers=30, orders=30, products=12)

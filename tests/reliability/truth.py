@@ -16,9 +16,9 @@ import orjson
 import psycopg
 from support import TABLES
 
-from cdp_assets.sandbox import SandboxProcess
 from cdp_assets.vtex.client import CUSTOMER_FIELDS
 from cdp_assets.vtex.sync import BATCH_SIZE
+from cdp_devkit.sandbox import SandboxProcess
 
 ENTITIES = tuple(TABLES)
 KEYS = {entity: key for entity, (key, _) in TABLES.items()}

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
-from cdp_assets.sandbox import StoreSpec
 from cdp_assets.tenants.registry import vtex_orders_available_from
+from cdp_devkit.sandbox import StoreSpec
 
 # The stores' histories start inside the two years VTEX serves orders for (a week inside, so a
 # run lasting past midnight still reads them whole): every order syncs from the API.

@@ -105,7 +105,7 @@ class ChildPeak:
             if not match or command == self._own_command:
                 continue
             peak = int(match.group(1)) / 1024
-            if b"cdp_assets.sandbox" in command:
+            if b"cdp_devkit.sandbox" in command:
                 self.sandbox_peak_mb = max(self.sandbox_peak_mb, peak)
             elif parent == own_pid and b"multiprocessing" in command:
                 # The run workers' server (and its resource tracker): the workers are its

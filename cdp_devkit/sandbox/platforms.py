@@ -3,7 +3,7 @@
 They stand in for remote platforms: what they hold (every member and every recorded upload)
 is the platforms' memory, not the memory of the process that drives the pushes.
 
-``python -m cdp_assets.sandbox.platforms '<config json>'`` prints one JSON line with the
+``python -m cdp_devkit.sandbox.platforms '<config json>'`` prints one JSON line with the
 servers' addresses, then answers each ``members`` line on stdin with the members each
 platform holds, and exits when stdin closes. :class:`PlatformSandboxes` runs it.
 """
@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import IO, Any
 
-from cdp_assets.sandbox.meta_graph import MetaSandbox
+from cdp_devkit.sandbox.meta_graph import MetaSandbox
 
 
 def _meta_members(meta: MetaSandbox, accounts: Sequence[str]) -> int:
@@ -37,7 +37,7 @@ def serve(config: Mapping[str, Any], commands: IO[str], replies: IO[str]) -> Non
         meta = stack.enter_context(MetaSandbox(tokens))
         google = None
         if config["google"]:
-            from cdp_assets.sandbox.google_grpc import GoogleSandbox
+            from cdp_devkit.sandbox.google_grpc import GoogleSandbox
 
             google = stack.enter_context(GoogleSandbox())
         addresses = {
@@ -71,7 +71,7 @@ class PlatformSandboxes:
 
     def __enter__(self) -> PlatformSandboxes:
         self._process = subprocess.Popen(
-            [sys.executable, "-m", "cdp_assets.sandbox.platforms", json.dumps(self.config)],
+            [sys.executable, "-m", "cdp_devkit.sandbox.platforms", json.dumps(self.config)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,

@@ -231,7 +231,7 @@ def _fleet_instance(tenants: int, echo: Callable[[str], None]) -> Iterator[tuple
     daemon's settings of deploy/dagster.yaml, and a run queue that launches nothing), with
     `tenants` registered; dropped afterwards. The environment is the instance's meanwhile,
     which the processes started inherit."""
-    from cdp_assets.demo import sync_tenant_partitions
+    from cdp_devkit.demo import sync_tenant_partitions
 
     saved = dict(os.environ)
     server = database_url()

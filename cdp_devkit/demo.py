@@ -33,7 +33,10 @@ from cdp_assets.partitions import (
     order_months,
     tenant_month_range_tags,
 )
-from cdp_assets.sandbox import (
+from cdp_assets.tenants.registry import Tenant, add_tenant
+from cdp_assets.tenants.sensors import plan_tenant_partitions
+from cdp_assets.vtex.jobs import ORDERS_SYNC_JOB, TENANT_SYNC_JOB
+from cdp_devkit.sandbox import (
     GoogleSandbox,
     MetaSandbox,
     SandboxProcess,
@@ -41,9 +44,6 @@ from cdp_assets.sandbox import (
     credentials_for,
     history_end_today,
 )
-from cdp_assets.tenants.registry import Tenant, add_tenant
-from cdp_assets.tenants.sensors import plan_tenant_partitions
-from cdp_assets.vtex.jobs import ORDERS_SYNC_JOB, TENANT_SYNC_JOB
 
 # The stores hold orders since 2020 and end today. VTEX serves the orders of the last two
 # years: the demo syncs this month and the DEMO_MONTHS before it, which lie whole within those

@@ -1,6 +1,6 @@
 """Activation benchmark: push a large audience to the Meta sandbox through the real asset.
 
-    .venv/bin/python bench/activation.py [--members 100000]
+    .venv/bin/python -m cdp_devkit.bench.activation [--members 100000]
 
 Measures the first push (every member normalized, hashed and sent in 10,000-row batches)
 and an unchanged re-sync (nothing to send), on a synthetic warehouse in the platform's
@@ -24,13 +24,13 @@ from cdp_assets.activation.meta.assets import meta_custom_audiences
 from cdp_assets.activation.meta.resources import MetaResource
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.partitions import tenants
-from cdp_assets.sandbox.audience_warehouse import (
+from cdp_devkit.sandbox.audience_warehouse import (
     AUDIENCE,
     activation_warehouse,
     add_tenant_with_customers,
     set_members,
 )
-from cdp_assets.sandbox.meta_graph import MetaSandbox
+from cdp_devkit.sandbox.meta_graph import MetaSandbox
 
 TARGETS = {"first_push": 30.0, "unchanged_resync": 5.0}
 TENANT = "bench"

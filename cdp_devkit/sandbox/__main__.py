@@ -1,4 +1,4 @@
-"""``python -m cdp_assets.sandbox --port 8765 --store "acme:orders=20000,customers=5000,seed=1"``.
+"""``python -m cdp_devkit.sandbox --port 8765 --store "acme:orders=20000,customers=5000,seed=1"``.
 
 Runs the sandbox in the foreground until interrupted. ``--fd`` serves an inherited listening
 socket instead of binding ``--host``/``--port`` (used by :class:`SandboxProcess`).
@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import argparse
 
-from cdp_assets.sandbox.generator import StoreSpec
-from cdp_assets.sandbox.server import serve
+from cdp_devkit.sandbox.generator import StoreSpec
+from cdp_devkit.sandbox.server import serve
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m cdp_assets.sandbox", description="Loopback VTEX sandbox."
+        prog="python -m cdp_devkit.sandbox", description="Loopback VTEX sandbox."
     )
     parser.add_argument(
         "--store",

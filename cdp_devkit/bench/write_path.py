@@ -26,11 +26,11 @@ import orjson
 import psycopg
 import psycopg2
 
-from cdp_assets.bench.environment import Bench
-from cdp_assets.bench.measure import StageResult, stage
 from cdp_assets.lib.upsert import RawTable
 from cdp_assets.vtex.records import order_row
 from cdp_assets.vtex.sync import BATCH_SIZE, ORDERS, Landing, land
+from cdp_devkit.bench.environment import Bench
+from cdp_devkit.bench.measure import StageResult, stage
 
 SCHEMA = "bench_write"
 TENANT = "write_path"

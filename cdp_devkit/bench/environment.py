@@ -32,17 +32,17 @@ from typing import Any
 import dagster as dg
 import psycopg
 
-from cdp_assets.bench.measure import peak_rss_mb, rss_mb
-from cdp_assets.bench.scales import Scale
 from cdp_assets.framework.executor import PRELOADED
 from cdp_assets.lib.dagster_home import apply_pool_limits
 from cdp_assets.lib.database import database_url, sqlalchemy_url, with_database
 from cdp_assets.lib.warehouse import migrated_url
-from cdp_assets.sandbox import SandboxProcess, StoreSpec, history_end_today
-from cdp_assets.sandbox import credentials_for as vtex_credentials
-from cdp_assets.sandbox.platforms import PlatformSandboxes
 from cdp_assets.tenants.registry import Tenant, add_tenant
 from cdp_assets.vtex.assets import MONTH_FIGURES
+from cdp_devkit.bench.measure import peak_rss_mb, rss_mb
+from cdp_devkit.bench.scales import Scale
+from cdp_devkit.sandbox import SandboxProcess, StoreSpec, history_end_today
+from cdp_devkit.sandbox import credentials_for as vtex_credentials
+from cdp_devkit.sandbox.platforms import PlatformSandboxes
 
 META_TOKEN = "bench-meta-token"  # what the Meta sandbox accepts; not a real secret
 META_TOKEN_REF = "CDP_BENCH_META_TOKEN"
@@ -346,7 +346,7 @@ def open_bench(
 ) -> Iterator[Bench]:
     """Set up the scale's world; on exit stop everything, drop the database (unless kept) and
     restore this process's environment (the pytest session shares it)."""
-    from cdp_assets.demo import sync_tenant_partitions
+    from cdp_devkit.demo import sync_tenant_partitions
 
     saved_environment = dict(os.environ)
     server = database_url()

@@ -24,19 +24,19 @@ from typing import Any
 
 import psycopg
 
-from cdp_assets.bench import freshness
-from cdp_assets.bench.environment import RUN_WORKERS, open_bench
-from cdp_assets.bench.pipeline import (
+from cdp_assets.lib.database import cdp_home
+from cdp_devkit.bench import freshness
+from cdp_devkit.bench.environment import RUN_WORKERS, open_bench
+from cdp_devkit.bench.pipeline import (
     run_activation,
     run_analytics,
     run_increment,
     run_ingestion,
     run_masterdata,
 )
-from cdp_assets.bench.report import consistency_checks, judge_targets, write_report
-from cdp_assets.bench.scales import SCALES, Scale
-from cdp_assets.bench.write_path import describe_connection, run_write_path
-from cdp_assets.lib.database import cdp_home
+from cdp_devkit.bench.report import consistency_checks, judge_targets, write_report
+from cdp_devkit.bench.scales import SCALES, Scale
+from cdp_devkit.bench.write_path import describe_connection, run_write_path
 
 __all__ = ["SCALES", "run_bench"]
 

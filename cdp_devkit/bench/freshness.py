@@ -38,9 +38,9 @@ import dagster as dg
 
 from cdp_assets.activation.meta.assets import meta_custom_audiences
 from cdp_assets.activation.triggers import changed_audiences
-from cdp_assets.bench.environment import Bench
-from cdp_assets.bench.measure import StageResult, consistency_check, stage
 from cdp_assets.lib.database import cdp_home
+from cdp_devkit.bench.environment import Bench
+from cdp_devkit.bench.measure import StageResult, consistency_check, stage
 
 WINDOW_ENV = "CDP_BENCH_FRESHNESS_MINUTES"
 WINDOW_MINUTES = 30.0

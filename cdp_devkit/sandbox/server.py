@@ -11,7 +11,7 @@ defaults to ``per_page=15`` and ``orderBy=creationDate,desc``; ``f_creationDate`
 inclusive and keep all 7 fractional digits. The order routes serve only the orders created in
 the last two years, as VTEX documents (``ORDERS_SERVED_YEARS``).
 
-Faults (see :mod:`cdp_assets.sandbox.faults`) are decided after authentication. ``429`` and
+Faults (see :mod:`cdp_devkit.sandbox.faults`) are decided after authentication. ``429`` and
 ``5xx`` are answered without running the handler, so they never have side effects; ``slow``,
 ``truncate`` and ``reset`` run it first, which means a write (collection change, feed read) can
 take effect even though the client sees a failure, exactly the ambiguity a retrying client faces
@@ -47,17 +47,17 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from cdp_assets.sandbox.catalog_collections import AlreadyThere, Collections, Deadlocked, NotFound
-from cdp_assets.sandbox.documents import (
+from cdp_devkit.sandbox.catalog_collections import AlreadyThere, Collections, Deadlocked, NotFound
+from cdp_devkit.sandbox.documents import (
     customer_document,
     order_bytes,
     order_list_item,
     product_document,
     sku_document,
 )
-from cdp_assets.sandbox.faults import Fault, FaultConfig, FaultInjector
-from cdp_assets.sandbox.feed import MAX_LOT, OrderFeed
-from cdp_assets.sandbox.generator import (
+from cdp_devkit.sandbox.faults import Fault, FaultConfig, FaultInjector
+from cdp_devkit.sandbox.feed import MAX_LOT, OrderFeed
+from cdp_devkit.sandbox.generator import (
     MALFORMED_KINDS,
     STATUSES,
     Store,
@@ -65,7 +65,7 @@ from cdp_assets.sandbox.generator import (
     parse_ticks,
     to_ticks,
 )
-from cdp_assets.sandbox.hostile import (
+from cdp_devkit.sandbox.hostile import (
     CAPTURE_PATH,
     Captured,
     DrippedResponse,
@@ -74,7 +74,7 @@ from cdp_assets.sandbox.hostile import (
     redirect,
     retry_after_headers,
 )
-from cdp_assets.sandbox.masterdata import (
+from cdp_devkit.sandbox.masterdata import (
     SCROLL_MAX_SIZE,
     SEARCH_MAX_DOCUMENTS,
     SEARCH_MAX_PAGE,
@@ -623,7 +623,7 @@ async def product_and_sku_ids(call: _Call) -> Response:
     catalog = store.catalog
     rows = np.arange(len(catalog.product_id))
     if call.params.get("categoryId"):
-        from cdp_assets.sandbox.vocabulary import CATEGORIES
+        from cdp_devkit.sandbox.vocabulary import CATEGORIES
 
         category = _int_param(call.params, "categoryId")
         category_ids = np.array([c[0] for c in CATEGORIES])
@@ -1195,7 +1195,7 @@ def serve(
 
 
 class SandboxProcess:
-    """Runs ``python -m cdp_assets.sandbox`` in a subprocess; a context manager.
+    """Runs ``python -m cdp_devkit.sandbox`` in a subprocess; a context manager.
 
     Store generation happens in the subprocess, so startup time grows with the stores' size.
     """
@@ -1223,7 +1223,7 @@ class SandboxProcess:
         return f"{self.base_url}/{account}"
 
     def start(self) -> SandboxProcess:
-        command = [sys.executable, "-m", "cdp_assets.sandbox"]
+        command = [sys.executable, "-m", "cdp_devkit.sandbox"]
         for spec in self.specs:
             command += ["--store", spec.to_cli()]
         listener: socket.socket | None = None

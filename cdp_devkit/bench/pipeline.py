@@ -19,18 +19,10 @@ from cdp_assets.activation.destinations import Destination, add_audience, add_de
 from cdp_assets.activation.google.assets import google_customer_match
 from cdp_assets.activation.meta.assets import meta_custom_audiences
 from cdp_assets.activation.triggers import activation_push, change_requests, changed_audiences
+from cdp_assets.activation.vtex_masterdata.assets import vtex_masterdata_fields
 from cdp_assets.activation.vtex_masterdata.writeback import AUDIENCE as MASTERDATA_AUDIENCE
 from cdp_assets.activation.vtex_masterdata.writeback import DEFAULT_FIELDS, DEFAULT_UPDATED_AT_FIELD
 from cdp_assets.analytics.jobs import ANALYTICS_JOB, AUDIENCES_JOB, CHURN_HOLDOUT_JOB
-from cdp_assets.bench import clv_compare
-from cdp_assets.bench.environment import (
-    DBT_DURATION,
-    META_TOKEN_REF,
-    Bench,
-    RunRecord,
-    RunRequest,
-)
-from cdp_assets.bench.measure import StageResult, Stopwatch, consistency_check, stage
 from cdp_assets.partitions import (
     RANGE_END_TAG,
     RANGE_START_TAG,
@@ -38,16 +30,24 @@ from cdp_assets.partitions import (
     tenant_month_range_tags,
     tenants,
 )
-from cdp_assets.sandbox import credentials_for
 from cdp_assets.tenants.registry import list_tenants
 from cdp_assets.tenants.runs import block_request, tenant_blocks
-from cdp_assets.vtex.assets import vtex_masterdata_fields
 from cdp_assets.vtex.client import CATALOG_WINDOW
 from cdp_assets.vtex.feed import FeedSettings, turn_feed_on
 from cdp_assets.vtex.feed_defs import FEED_SYNC_JOB
 from cdp_assets.vtex.jobs import ORDERS_SYNC_JOB, TENANT_SYNC_JOB
 from cdp_assets.vtex.resources import VtexResource
 from cdp_assets.vtex.schedules import order_sync_requests
+from cdp_devkit.bench import clv_compare
+from cdp_devkit.bench.environment import (
+    DBT_DURATION,
+    META_TOKEN_REF,
+    Bench,
+    RunRecord,
+    RunRequest,
+)
+from cdp_devkit.bench.measure import StageResult, Stopwatch, consistency_check, stage
+from cdp_devkit.sandbox import credentials_for
 
 # RFM segments are disjoint, so their members add up to distinct customers. Taken in this
 # order (the most valuable first) until the tenant's share of the Meta target is reached.
