@@ -17,7 +17,7 @@ from typing import Any
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 SUITE = "tests/reliability"
-REPORT_ENV = "CDP_RELIABILITY_REPORT"  # read by tests/reliability_report.py
+REPORT_ENV = "CDP_RELIABILITY_REPORT"  # read by tests/support/reliability_report.py
 DEFAULT_REPORT = PROJECT_ROOT / "bench" / "results" / "reliability.json"
 
 COLUMNS = (

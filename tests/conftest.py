@@ -11,7 +11,7 @@ from pathlib import Path
 import dagster as dg
 import psycopg
 import pytest
-from reliability_report import Report
+from support.reliability_report import Report
 
 from cdp_assets.framework.dagster_storage import storage_config
 from cdp_assets.lib.database import database_url, sqlalchemy_url, with_database

@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 import dagster as dg
 import pytest
 import yaml
-from dagster_services import BIN, DEFINITIONS_MODULE, ROOT, dagster_storage_database
+from support.dagster_services import BIN, DEFINITIONS_MODULE, ROOT, dagster_storage_database
 
 from cdp_assets.framework.executor import EXECUTOR_ENV, executor_from_env
 

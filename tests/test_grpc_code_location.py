@@ -15,7 +15,8 @@ from pathlib import Path
 import dagster as dg
 import psycopg
 import yaml
-from dagster_services import (
+from support import register
+from support.dagster_services import (
     LAUNCH_PIPELINE_EXECUTION,
     LOCATION,
     REPOSITORY,
@@ -25,7 +26,6 @@ from dagster_services import (
     served_keys,
     stored_keys,
 )
-from support import register
 
 from cdp_devkit.sandbox import SandboxProcess, StoreSpec
 

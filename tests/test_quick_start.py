@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 
 import requests
-from dagster_services import BIN, ROOT, free_port, start_process, stop_processes, wait_for
+from support.dagster_services import BIN, ROOT, free_port, start_process, stop_processes, wait_for
 
 DEMO_TIMEOUT = 600
 

@@ -29,7 +29,8 @@ from typing import Any
 import dagster as dg
 import psycopg
 import pytest
-from dagster_services import (
+from support import months_ago, register
+from support.dagster_services import (
     LAUNCH_PIPELINE_EXECUTION,
     LOCATION,
     REPOSITORY,
@@ -40,7 +41,6 @@ from dagster_services import (
     served_keys,
     stored_keys,
 )
-from support import months_ago, register
 
 from cdp_assets.partitions import RANGE_END_TAG, RANGE_START_TAG
 from cdp_assets.vtex.jobs import TENANT_SYNC_JOB

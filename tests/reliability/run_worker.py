@@ -28,8 +28,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import dagster as dg
-from activation_support import push
 from support import sync, vtex_for
+from support.activation import push
 
 from cdp_assets.activation.meta.assets import meta_custom_audiences
 from cdp_assets.activation.meta.audiences import MetaAudiences

@@ -39,18 +39,18 @@ import psycopg
 import pycountry
 import pytest
 import requests
-from activation_support import (
+from click.testing import CliRunner
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+from psycopg.types.json import Jsonb
+from support import run_dbt
+from support.activation import (
     AUDIENCE,
     activation_warehouse,
     add_tenant_with_customers,
     push,
     set_members,
 )
-from click.testing import CliRunner
-from hypothesis import HealthCheck, assume, given, settings
-from hypothesis import strategies as st
-from psycopg.types.json import Jsonb
-from support import run_dbt
 
 from cdp_assets.activation import identifiers as ids
 from cdp_assets.activation.destinations import (

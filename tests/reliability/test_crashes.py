@@ -15,15 +15,15 @@ from dataclasses import dataclass, field
 
 import psycopg
 import pytest
-from activation_support import (
+from run_worker import WORKER_BATCH, Worker, push_audience
+from support import THIS_MONTH, months_ago, register, sync
+from support.activation import (
     AUDIENCE,
     activation_warehouse,
     add_tenant_with_customers,
     register_destination,
     set_members,
 )
-from run_worker import WORKER_BATCH, Worker, push_audience
-from support import THIS_MONTH, months_ago, register, sync
 from truth import (
     compare,
     cursor_gaps,

@@ -19,7 +19,7 @@ import dagster as dg
 import psycopg
 import pytest
 from support import THIS_MONTH, months_ago, register, sync, vtex_for
-from throwaway_postgres import Postgres, throwaway_postgres
+from support.throwaway_postgres import Postgres, throwaway_postgres
 from truth import (
     compare,
     cursor_gaps,

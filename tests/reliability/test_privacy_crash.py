@@ -20,14 +20,14 @@ import dagster as dg
 import orjson
 import psycopg
 import pytest
-from activation_support import (
+from click.testing import CliRunner
+from run_worker import push_audience
+from support.activation import (
     activation_warehouse,
     add_tenant_with_customers,
     register_destination,
     set_members,
 )
-from click.testing import CliRunner
-from run_worker import push_audience
 
 from cdp_assets.activation.destinations import Destination
 from cdp_assets.activation.identifiers import normalize_email, sha256_hex

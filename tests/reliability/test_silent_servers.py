@@ -2,8 +2,8 @@
 stays silent, a VTEX that drips its answers a byte at a time. Every call fails within its
 deadline with an error saying what did not answer, and nothing waits on it for longer: not a
 session of the platform, not Dagster's storage, not a `cdp` command, not an ingestion run.
-(Meta and Google calls that never answer: tests/test_activation_meta.py and
-tests/test_activation_google.py.)
+(Meta and Google calls that never answer: tests/activation/test_activation_meta.py and
+tests/activation/test_activation_google.py.)
 """
 
 from __future__ import annotations

@@ -25,13 +25,13 @@ import dagster as dg
 import orjson
 import psycopg
 import pytest
-from activation_support import (
+from click.testing import CliRunner
+from support import months_ago, run_dbt
+from support.activation import (
     activation_warehouse,
     add_tenant_with_customers,
     register_destination,
 )
-from click.testing import CliRunner
-from support import months_ago, run_dbt
 
 from cdp_assets.activation.audiences import audience_members
 from cdp_assets.activation.destinations import (

@@ -14,10 +14,10 @@ from pathlib import Path
 import psycopg
 import pytest
 import requests
-from activation_support import outcome, push, runs
 from click.testing import CliRunner
 from openapi_schema_validator import OAS30Validator
 from support import register, vtex_for
+from support.activation import outcome, push, runs
 
 from cdp_assets.activation.destinations import Destination, add_audience, add_destination
 from cdp_assets.activation.vtex_masterdata.assets import vtex_masterdata_fields

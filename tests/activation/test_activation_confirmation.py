@@ -10,7 +10,8 @@ import os
 
 import psycopg
 import pytest
-from activation_support import (
+from click.testing import CliRunner
+from support.activation import (
     activation_warehouse,
     add_tenant_with_customers,
     outcome,
@@ -18,8 +19,7 @@ from activation_support import (
     runs,
     set_members,
 )
-from activation_support import push as push_activation
-from click.testing import CliRunner
+from support.activation import push as push_activation
 
 from cdp_assets.activation.cli import destinations
 from cdp_assets.activation.destinations import Destination

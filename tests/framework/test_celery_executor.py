@@ -25,7 +25,8 @@ import pytest
 import redis
 from celery import Celery
 from dagster._core.events import DagsterEventType
-from dagster_services import (
+from support import register
+from support.dagster_services import (
     BIN,
     DEFINITIONS_MODULE,
     ROOT,
@@ -39,7 +40,6 @@ from dagster_services import (
     stored_keys,
     wait_for,
 )
-from support import register
 
 from cdp_assets.analytics.dbt_project import ensure_manifest
 from cdp_assets.framework.executor import (

@@ -11,7 +11,11 @@ import time
 import dagster as dg
 import psycopg
 import pytest
-from activation_support import (
+from click.testing import CliRunner
+from google.ads.googleads.v26.services.types.user_list_service import UserListOperation
+from google.api_core import exceptions as gexc
+from google.rpc import error_details_pb2
+from support.activation import (
     activation_warehouse,
     add_tenant_with_customers,
     outcome,
@@ -19,11 +23,7 @@ from activation_support import (
     runs,
     set_members,
 )
-from activation_support import push as push_activation
-from click.testing import CliRunner
-from google.ads.googleads.v26.services.types.user_list_service import UserListOperation
-from google.api_core import exceptions as gexc
-from google.rpc import error_details_pb2
+from support.activation import push as push_activation
 
 from cdp_assets.activation.cli import destinations
 from cdp_assets.activation.destinations import Destination

@@ -13,7 +13,7 @@ from cdp_assets.framework.dagster_storage import (
 )
 from cdp_assets.lib.database import sqlalchemy_url
 
-PROJECT = Path(__file__).resolve().parent.parent
+PROJECT = Path(__file__).resolve().parents[2]
 CONFIGS = {
     "local": (files("cdp_assets.lib") / "dagster.yaml", "CDP_DAGSTER_PG_URL"),
     "production": (PROJECT / "deploy" / "dagster.yaml", "DAGSTER_PG_URL"),

@@ -15,7 +15,12 @@ from urllib.parse import urlencode
 import dagster as dg
 import psycopg
 import pytest
-from activation_support import (
+from click.testing import CliRunner, Result
+from facebook_business.adobjects.adaccount import AdAccount
+from facebook_business.adobjects.customaudience import CustomAudience
+from facebook_business.api import FacebookAdsApi
+from facebook_business.session import FacebookSession
+from support.activation import (
     AUDIENCE,
     activation_warehouse,
     add_tenant_with_customers,
@@ -24,12 +29,7 @@ from activation_support import (
     runs,
     set_members,
 )
-from activation_support import push as push_activation
-from click.testing import CliRunner, Result
-from facebook_business.adobjects.adaccount import AdAccount
-from facebook_business.adobjects.customaudience import CustomAudience
-from facebook_business.api import FacebookAdsApi
-from facebook_business.session import FacebookSession
+from support.activation import push as push_activation
 
 from cdp_assets.activation.audiences import audience_members
 from cdp_assets.activation.cli import destinations

@@ -3,7 +3,7 @@ database (as `cdp dev` starts them), optionally a gRPC code server they load the
 from, and the GraphQL the UI itself sends to drive them.
 
 Used by tests/test_ui.py, tests/test_grpc_code_location.py and
-tests/test_celery_executor.py.
+tests/framework/test_celery_executor.py.
 """
 
 from __future__ import annotations
@@ -29,15 +29,15 @@ import pytest
 import requests
 from grpc_health.v1 import health_pb2
 from grpc_health.v1.health_pb2_grpc import HealthStub
-from support import TABLES
 
 from cdp_assets.analytics.dbt_project import ensure_manifest
 from cdp_assets.lib.dagster_home import apply_pool_limits, prepare_dagster_home
 from cdp_assets.lib.database import sqlalchemy_url, with_database
 from cdp_assets.partitions import tenants
 from cdp_devkit.sandbox import SandboxProcess
+from support import TABLES
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 DEFINITIONS_MODULE = "cdp_assets.definitions"
 LOCATION, REPOSITORY = "cdp", "__repository__"  # workspace.yaml's location; Definitions' repo

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 import requests
-from activation_support import activation_warehouse, add_tenant_with_customers, register_destination
+from support.activation import activation_warehouse, add_tenant_with_customers, register_destination
 
 from cdp_assets.activation.destinations import Destination, DestinationAudience
 from cdp_assets.activation.sync import AudienceGone, MemberSource, SyncOptions, sync_audience

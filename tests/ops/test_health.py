@@ -19,9 +19,9 @@ import psycopg
 import pytest
 import requests
 from click.testing import CliRunner
-from dagster_services import BIN, ROOT, free_port, start_process, stop_processes, wait_for
 from support import daemon_alive
-from throwaway_postgres import throwaway_postgres
+from support.dagster_services import BIN, ROOT, free_port, start_process, stop_processes, wait_for
+from support.throwaway_postgres import throwaway_postgres
 
 from cdp_assets.analytics.dbt_project import ensure_manifest
 from cdp_assets.cli import main

@@ -10,14 +10,14 @@ import dagster as dg
 import psycopg
 import pytest
 import requests
-from activation_support import (
+from click.testing import CliRunner
+from support.activation import (
     AUDIENCE,
     activation_warehouse,
     add_tenant_with_customers,
     register_destination,
     set_members,
 )
-from click.testing import CliRunner
 
 from cdp_assets.activation.audiences import audience_signatures
 from cdp_assets.activation.cli import destinations
