@@ -30,7 +30,7 @@ from cdp_devkit.sandbox.audience_warehouse import (
     add_tenant_with_customers,
     set_members,
 )
-from cdp_devkit.sandbox.meta_graph import MetaSandbox
+from cdp_devkit.sandbox.meta.graph import MetaSandbox
 
 TARGETS = {"first_push": 30.0, "unchanged_resync": 5.0}
 TENANT = "bench"

@@ -5,14 +5,15 @@
 switches, ``credentials_for`` gives the app key/token the sandbox accepts for an account.
 
 ``MetaSandbox`` is the separate, in-process Meta Graph API sandbox for Custom Audiences (see
-:mod:`cdp_devkit.sandbox.meta_graph`); ``GoogleSandbox`` the in-process gRPC sandbox for Google's
-Data Manager and Google Ads Customer Match APIs (see :mod:`cdp_devkit.sandbox.google_grpc`).
+:mod:`cdp_devkit.sandbox.meta.graph`); ``GoogleSandbox`` the in-process gRPC sandbox for Google's
+Data Manager and Google Ads Customer Match APIs (see :mod:`cdp_devkit.sandbox.google.sandbox`).
 """
 
 from typing import Any
 
-from cdp_devkit.sandbox.faults import FaultConfig
-from cdp_devkit.sandbox.generator import (
+from cdp_devkit.sandbox.meta.graph import META_FAULT_KINDS, MetaSandbox, RecordedRequest
+from cdp_devkit.sandbox.vtex.faults import FaultConfig
+from cdp_devkit.sandbox.vtex.generator import (
     MALFORMED_KINDS,
     STATUSES,
     StatusChange,
@@ -22,8 +23,7 @@ from cdp_devkit.sandbox.generator import (
     history_end_today,
     parse_ticks,
 )
-from cdp_devkit.sandbox.meta_graph import META_FAULT_KINDS, MetaSandbox, RecordedRequest
-from cdp_devkit.sandbox.server import (
+from cdp_devkit.sandbox.vtex.server import (
     SandboxProcess,
     build_app,
     credentials_for,
@@ -61,7 +61,7 @@ def __getattr__(name: str) -> Any:
     # Imported on first use: grpc and the Google clients take about a second to import, which
     # the VTEX sandbox subprocess (``python -m cdp_devkit.sandbox``) should not pay.
     if name in _GOOGLE_EXPORTS:
-        from cdp_devkit.sandbox import google_grpc
+        from cdp_devkit.sandbox.google import sandbox
 
-        return getattr(google_grpc, name)
+        return getattr(sandbox, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import argparse
 
-from cdp_devkit.sandbox.generator import StoreSpec
-from cdp_devkit.sandbox.server import serve
+from cdp_devkit.sandbox.vtex.generator import StoreSpec
+from cdp_devkit.sandbox.vtex.server import serve
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import IO, Any
 
-from cdp_devkit.sandbox.meta_graph import MetaSandbox
+from cdp_devkit.sandbox.meta.graph import MetaSandbox
 
 
 def _meta_members(meta: MetaSandbox, accounts: Sequence[str]) -> int:
@@ -37,7 +37,7 @@ def serve(config: Mapping[str, Any], commands: IO[str], replies: IO[str]) -> Non
         meta = stack.enter_context(MetaSandbox(tokens))
         google = None
         if config["google"]:
-            from cdp_devkit.sandbox.google_grpc import GoogleSandbox
+            from cdp_devkit.sandbox.google.sandbox import GoogleSandbox
 
             google = stack.enter_context(GoogleSandbox())
         addresses = {

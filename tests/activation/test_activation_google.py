@@ -33,7 +33,7 @@ from cdp_assets.activation.google.google_ads import GoogleAdsAudiences, google_a
 from cdp_assets.activation.google.resources import GoogleResource
 from cdp_assets.activation.identifiers import sha256_hex
 from cdp_assets.lib.warehouse import WarehouseResource
-from cdp_devkit.sandbox.google_grpc import GoogleSandbox
+from cdp_devkit.sandbox.google.sandbox import GoogleSandbox
 
 CUSTOMER = "1234567890"
 TOKEN_REF = "GOOGLE_ADS_TEST_DEVELOPER_TOKEN"

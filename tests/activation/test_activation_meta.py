@@ -54,7 +54,7 @@ from cdp_assets.activation.sync import (
 from cdp_assets.lib.outbound import Deadlines
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.partitions import RANGE_END_TAG, RANGE_START_TAG, tenants
-from cdp_devkit.sandbox.meta_graph import GraphLimits, MetaSandbox
+from cdp_devkit.sandbox.meta.graph import GraphLimits, MetaSandbox
 
 TOKEN_REF = "META_TEST_TOKEN"
 TOKEN = "meta-test-token"

@@ -37,7 +37,7 @@ from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.partitions import RANGE_END_TAG, RANGE_START_TAG, tenants
 from cdp_assets.tenants.registry import Tenant, list_tenants
 from cdp_assets.tenants.runs import tenant_blocks
-from cdp_devkit.sandbox.meta_graph import MetaSandbox
+from cdp_devkit.sandbox.meta.graph import MetaSandbox
 
 ORDER = ["trig_a", "trig_b"]  # the tenants' partitions, in order
 

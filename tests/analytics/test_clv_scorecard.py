@@ -29,7 +29,7 @@ from cdp_assets.tenants.registry import Tenant, add_tenant
 from cdp_assets.vtex.records import order_row
 from cdp_assets.vtex.sync import ORDERS
 from cdp_devkit.sandbox import StoreSpec
-from cdp_devkit.sandbox.generator import Store
+from cdp_devkit.sandbox.vtex.generator import Store
 
 HOLDOUT_DAYS = 180  # dbt var churn_holdout_days
 SYNTHETIC = StoreSpec(

@@ -42,7 +42,7 @@ from google.ads.googleads.v26.services.types import user_list_service as list_ty
 from google.api_core import exceptions
 from google.rpc import error_details_pb2
 
-from cdp_devkit.sandbox.google_grpc import GoogleSandbox
+from cdp_devkit.sandbox.google.sandbox import GoogleSandbox
 
 ACCOUNT = "1234567890"
 OTHER_ACCOUNT = "5555555555"

@@ -23,7 +23,7 @@ from facebook_business.exceptions import FacebookRequestError
 from facebook_business.session import FacebookSession
 
 from cdp_devkit.sandbox import META_FAULT_KINDS, MetaSandbox
-from cdp_devkit.sandbox.meta_graph import GraphLimits
+from cdp_devkit.sandbox.meta.graph import GraphLimits
 
 TOKEN = "sandbox-token"
 OTHER_TOKEN = "other-token"

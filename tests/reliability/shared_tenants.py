@@ -51,7 +51,7 @@ from cdp_devkit.sandbox import (
     StoreSpec,
     credentials_for,
 )
-from cdp_devkit.sandbox.generator import format_ticks, to_ticks
+from cdp_devkit.sandbox.vtex.generator import format_ticks, to_ticks
 
 HISTORY_START = months_ago(18)
 STORES = {

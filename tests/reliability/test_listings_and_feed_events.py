@@ -19,7 +19,7 @@ from cdp_assets.vtex.client import ListingTooLong
 from cdp_assets.vtex.feed import FEED_READ_ATTEMPTS, FeedSettings, drain_feed, turn_feed_on
 from cdp_assets.vtex.sync import PRODUCTS, SKUS, sync_catalog, sync_customers
 from cdp_devkit.sandbox import SandboxProcess, StoreSpec
-from cdp_devkit.sandbox.faults import FEED_EVENT_DEFECTS
+from cdp_devkit.sandbox.vtex.faults import FEED_EVENT_DEFECTS
 
 
 def store(account: str, seed: int, customers: int, orders: int, products: int) -> StoreSpec:

@@ -36,7 +36,7 @@ from cdp_assets.vtex.feed_defs import (
 )
 from cdp_assets.vtex.sync import Landing, sync_orders
 from cdp_devkit.sandbox import SandboxProcess, StoreSpec
-from cdp_devkit.sandbox.faults import FEED_EVENT_DEFECTS
+from cdp_devkit.sandbox.vtex.faults import FEED_EVENT_DEFECTS
 
 ACCOUNTS = (
     "feedcli",

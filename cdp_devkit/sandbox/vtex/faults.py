@@ -11,7 +11,7 @@ import random
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, NamedTuple
 
-from cdp_devkit.sandbox.hostile import RETRY_AFTER_FORMS
+from cdp_devkit.sandbox.vtex.hostile import RETRY_AFTER_FORMS
 
 ROUTE_FAMILIES: frozenset[str] = frozenset(
     {"orders", "catalog", "masterdata", "feed", "collections"}

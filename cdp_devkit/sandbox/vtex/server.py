@@ -11,7 +11,7 @@ defaults to ``per_page=15`` and ``orderBy=creationDate,desc``; ``f_creationDate`
 inclusive and keep all 7 fractional digits. The order routes serve only the orders created in
 the last two years, as VTEX documents (``ORDERS_SERVED_YEARS``).
 
-Faults (see :mod:`cdp_devkit.sandbox.faults`) are decided after authentication. ``429`` and
+Faults (see :mod:`cdp_devkit.sandbox.vtex.faults`) are decided after authentication. ``429`` and
 ``5xx`` are answered without running the handler, so they never have side effects; ``slow``,
 ``truncate`` and ``reset`` run it first, which means a write (collection change, feed read) can
 take effect even though the client sees a failure, exactly the ambiguity a retrying client faces
@@ -47,17 +47,22 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from cdp_devkit.sandbox.catalog_collections import AlreadyThere, Collections, Deadlocked, NotFound
-from cdp_devkit.sandbox.documents import (
+from cdp_devkit.sandbox.vtex.catalog_collections import (
+    AlreadyThere,
+    Collections,
+    Deadlocked,
+    NotFound,
+)
+from cdp_devkit.sandbox.vtex.documents import (
     customer_document,
     order_bytes,
     order_list_item,
     product_document,
     sku_document,
 )
-from cdp_devkit.sandbox.faults import Fault, FaultConfig, FaultInjector
-from cdp_devkit.sandbox.feed import MAX_LOT, OrderFeed
-from cdp_devkit.sandbox.generator import (
+from cdp_devkit.sandbox.vtex.faults import Fault, FaultConfig, FaultInjector
+from cdp_devkit.sandbox.vtex.feed import MAX_LOT, OrderFeed
+from cdp_devkit.sandbox.vtex.generator import (
     MALFORMED_KINDS,
     STATUSES,
     Store,
@@ -65,7 +70,7 @@ from cdp_devkit.sandbox.generator import (
     parse_ticks,
     to_ticks,
 )
-from cdp_devkit.sandbox.hostile import (
+from cdp_devkit.sandbox.vtex.hostile import (
     CAPTURE_PATH,
     Captured,
     DrippedResponse,
@@ -74,7 +79,7 @@ from cdp_devkit.sandbox.hostile import (
     redirect,
     retry_after_headers,
 )
-from cdp_devkit.sandbox.masterdata import (
+from cdp_devkit.sandbox.vtex.masterdata import (
     SCROLL_MAX_SIZE,
     SEARCH_MAX_DOCUMENTS,
     SEARCH_MAX_PAGE,
@@ -623,7 +628,7 @@ async def product_and_sku_ids(call: _Call) -> Response:
     catalog = store.catalog
     rows = np.arange(len(catalog.product_id))
     if call.params.get("categoryId"):
-        from cdp_devkit.sandbox.vocabulary import CATEGORIES
+        from cdp_devkit.sandbox.vtex.vocabulary import CATEGORIES
 
         category = _int_param(call.params, "categoryId")
         category_ids = np.array([c[0] for c in CATEGORIES])

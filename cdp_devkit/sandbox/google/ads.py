@@ -86,7 +86,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 from google.rpc import status_pb2
 
-from cdp_devkit.sandbox.google_common import (
+from cdp_devkit.sandbox.google.common import (
     MAX_MEMBERSHIP_DAYS,
     MAX_REPORTED_ERRORS,
     AudienceStore,

@@ -4,9 +4,9 @@ One in-process ``grpc.server`` on ``127.0.0.1`` (plaintext) serves both APIs, so
 ``google-ads-datamanager`` and ``google-ads`` clients can be exercised end to end without
 credentials or network. Messages go through the clients' own proto-plus ``serialize`` /
 ``deserialize`` via generic handlers; no generated ``_pb2_grpc`` is involved. Behaviour of each
-API is described in :mod:`~cdp_devkit.sandbox.google_datamanager` and
-:mod:`~cdp_devkit.sandbox.google_ads`; the shared list/member model in
-:mod:`~cdp_devkit.sandbox.google_common`.
+API is described in :mod:`~cdp_devkit.sandbox.google.data_manager` and
+:mod:`~cdp_devkit.sandbox.google.ads`; the shared list/member model in
+:mod:`~cdp_devkit.sandbox.google.common`.
 
 Pointing the clients at the sandbox (a transport given a ``grpc.Channel`` instance ignores
 credentials, so neither client looks for ADC or OAuth)::
@@ -61,8 +61,8 @@ from types import TracebackType
 
 import grpc
 
-from cdp_devkit.sandbox.google_ads import GoogleAdsApi
-from cdp_devkit.sandbox.google_common import (
+from cdp_devkit.sandbox.google.ads import GoogleAdsApi
+from cdp_devkit.sandbox.google.common import (
     FAULT_KINDS,
     AudienceStore,
     Dispatcher,
@@ -71,7 +71,7 @@ from cdp_devkit.sandbox.google_common import (
     Recorder,
     SandboxUserList,
 )
-from cdp_devkit.sandbox.google_datamanager import DataManagerApi
+from cdp_devkit.sandbox.google.data_manager import DataManagerApi
 
 __all__ = ["FAULT_KINDS", "GoogleSandbox", "RecordedCall", "SandboxUserList"]
 

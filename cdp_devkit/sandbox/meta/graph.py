@@ -15,7 +15,7 @@ is Graph's "Unsupported request" error (code 100, subcode 33). Deleting an audie
 ``{"success": true}`` and, as the Custom Audience reference's "Deleting" section has it
 (https://developers.facebook.com/docs/marketing-api/reference/custom-audience#Deleting),
 removes it: every later call on it or its edges is that same missing-object error, HTTP 400.
-Audience rules live in :mod:`cdp_devkit.sandbox.meta_audiences`.
+Audience rules live in :mod:`cdp_devkit.sandbox.meta.audiences`.
 
 Each Graph request goes through, in order:
 
@@ -78,7 +78,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from cdp_devkit.sandbox.meta_audiences import (
+from cdp_devkit.sandbox.meta.audiences import (
     READABLE_FIELDS,
     REPLACE_LOCK_SECONDS,
     Audience,

@@ -1,6 +1,6 @@
 """Custom Audience state behind the Meta Graph sandbox: audiences, members and upload rules.
 
-Nothing here speaks HTTP: :mod:`cdp_devkit.sandbox.meta_graph` turns requests into calls on
+Nothing here speaks HTTP: :mod:`cdp_devkit.sandbox.meta.graph` turns requests into calls on
 :class:`AudienceBook` and a raised :class:`GraphError` into Graph's error body. The rules follow
 what the Marketing API documents for customer-file audiences (create parameters, the 10,000-row
 batch limit, SHA-256 hashing, the ``usersreplace`` session protocol and its 2650 subcodes).

@@ -53,7 +53,7 @@ from google.protobuf import duration_pb2, empty_pb2
 from google.protobuf.message import Message
 from google.rpc import error_details_pb2
 
-from cdp_devkit.sandbox.google_common import (
+from cdp_devkit.sandbox.google.common import (
     MAX_MEMBERSHIP_DAYS,
     MAX_REPORTED_ERRORS,
     AudienceStore,

@@ -26,10 +26,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from cdp_devkit.sandbox.generator import parse_ticks
+from cdp_devkit.sandbox.vtex.generator import parse_ticks
 
 if TYPE_CHECKING:
-    from cdp_devkit.sandbox.generator import Store
+    from cdp_devkit.sandbox.vtex.generator import Store
 
 SEARCH_MAX_PAGE = 100
 SEARCH_MAX_DOCUMENTS = 10_000

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from cdp_devkit.sandbox.generator import StatusChange, format_ticks
+from cdp_devkit.sandbox.vtex.generator import StatusChange, format_ticks
 
 DEFAULT_VISIBILITY_SECONDS = 240
 MIN_RETENTION_SECONDS = 345_600

@@ -2,7 +2,7 @@
 
 A store is generated once from a :class:`StoreSpec` and kept as flat arrays (one entry per order,
 order item, customer, product, SKU); JSON documents are rendered from those arrays on demand by
-:mod:`cdp_devkit.sandbox.documents`. Only a spec's default history end reads the wall clock
+:mod:`cdp_devkit.sandbox.vtex.documents`. Only a spec's default history end reads the wall clock
 (today's midnight UTC, as VTEX serves the last two years from today); the same spec always
 yields the same bytes, which is what lets tests use the sandbox as the source of truth.
 
@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from cdp_devkit.sandbox import vocabulary as vocab
+from cdp_devkit.sandbox.vtex import vocabulary as vocab
 
 TICKS_PER_SECOND = 10_000_000  # VTEX prints 7 fractional digits: .NET ticks of 100 ns
 TICKS_PER_MS = TICKS_PER_SECOND // 1000
@@ -681,7 +681,7 @@ class Store:
 
     Row indices are internal; the public accessors take VTEX identifiers (order id, product id,
     SKU id, CL document id) and return exactly what the sandbox serves. Rendering lives in
-    :mod:`cdp_devkit.sandbox.documents`, which imports this module, hence the local imports.
+    :mod:`cdp_devkit.sandbox.vtex.documents`, which imports this module, hence the local imports.
     """
 
     def __init__(self, spec: StoreSpec) -> None:
@@ -792,7 +792,7 @@ class Store:
 
     def order_document(self, order_id: str) -> bytes:
         """Exact body the order-detail endpoint serves (broken on purpose for malformed orders)."""
-        from cdp_devkit.sandbox.documents import order_bytes
+        from cdp_devkit.sandbox.vtex.documents import order_bytes
 
         return order_bytes(self, self._require_order(order_id))
 
@@ -830,7 +830,7 @@ class Store:
         return _sorted_lookup(self.catalog.sku_id, sku_id)
 
     def product_document(self, product_id: int) -> dict[str, Any]:
-        from cdp_devkit.sandbox.documents import product_document
+        from cdp_devkit.sandbox.vtex.documents import product_document
 
         row = self.product_row(product_id)
         if row is None:
@@ -838,7 +838,7 @@ class Store:
         return product_document(self, row)
 
     def sku_document(self, sku_id: int) -> dict[str, Any]:
-        from cdp_devkit.sandbox.documents import sku_document
+        from cdp_devkit.sandbox.vtex.documents import sku_document
 
         row = self.sku_row(sku_id)
         if row is None:
@@ -864,7 +864,7 @@ class Store:
         return self._customer_rows.get(customer_id)
 
     def customer_document(self, customer_id: str) -> dict[str, Any]:
-        from cdp_devkit.sandbox.documents import customer_document
+        from cdp_devkit.sandbox.vtex.documents import customer_document
 
         row = self.customer_row(customer_id)
         if row is None:
@@ -874,7 +874,7 @@ class Store:
     def customer_table(self) -> dict[str, np.ndarray]:
         """Every CL field as a column (object arrays; ticks for dates), for Master Data queries."""
         if self._customer_table is None:
-            from cdp_devkit.sandbox.documents import customer_document
+            from cdp_devkit.sandbox.vtex.documents import customer_document
 
             docs = [customer_document(self, row) for row in range(self.buyers.registered)]
             table: dict[str, np.ndarray] = {}

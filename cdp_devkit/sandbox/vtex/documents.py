@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import orjson
 
-from cdp_devkit.sandbox import vocabulary as vocab
-from cdp_devkit.sandbox.generator import (
+from cdp_devkit.sandbox.vtex import vocabulary as vocab
+from cdp_devkit.sandbox.vtex.generator import (
     CANCELED,
     INVOICED,
     MALFORMED_KINDS,
@@ -26,7 +26,7 @@ from cdp_devkit.sandbox.generator import (
 )
 
 if TYPE_CHECKING:
-    from cdp_devkit.sandbox.generator import Store
+    from cdp_devkit.sandbox.vtex.generator import Store
 
 _FIRST_ASCII = tuple(vocab.ascii_fold(name) for name in vocab.FIRST_NAMES)
 _LAST_ASCII = tuple(vocab.ascii_fold(name) for name in vocab.LAST_NAMES)

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from cdp_devkit.sandbox.generator import Store
+    from cdp_devkit.sandbox.vtex.generator import Store
 
 SUBCOLLECTION_TYPES = ("Inclusive", "Exclusive")
 
@@ -343,7 +343,7 @@ class Collections:
 
     def _members(self, collection: _Collection) -> list[dict[str, Any]]:
         """SKUs of the inclusive subcollections minus those of the exclusive ones, in order."""
-        from cdp_devkit.sandbox.documents import product_name
+        from cdp_devkit.sandbox.vtex.documents import product_name
 
         store = self._store
         subs = [self._subcollections[s] for s in collection.subcollections]
