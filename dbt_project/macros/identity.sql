@@ -132,7 +132,7 @@
     again, in temporary tables the model reads (the session's, dropped by the next run), analyzed, so
     that the model is planned for the few records that changed. As CTEs of the model, the
     planner took the changes for as many rows as the tables and spilled a hash join into
-    262,144 batches (75 s for 300 changed records at seed scale).
+    hundreds of thousands of batches for a few hundred changed records.
 
     - identity_changed_records: records whose identity keys differ from the ones stored with
       them when last resolved, new records, and records that are gone.

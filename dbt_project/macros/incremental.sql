@@ -79,8 +79,7 @@
     0010) and this table's landed_index the other side, so it is a merge of two index-only
     scans. Only the rows it finds are then read from the raw table, each by primary key. The
     two OFFSET 0 keep the planner to that order: left to join the raw table as it saw fit, it
-    read the whole heap for 9,000 landed orders of a million (5 s, or 1.5 s in a hash join,
-    against 0.8 s).
+    read the whole heap for the few thousand landed orders of a million.
 -#}
 {% macro landed_since_staged(raw_relation, key) -%}
     {%- if is_incremental() -%}
@@ -96,13 +95,13 @@
                         and staged.{{ key }} = landed.{{ key }}
                         and staged.landed_at = landed.synced_at
                 )
-            offset 0
+            limit all offset 0
         ) as landed_keys
         cross join lateral (
             select * from {{ raw_relation }} as raw_row
             where raw_row.tenant_id = landed_keys.tenant_id
                 and raw_row.{{ key }} = landed_keys.{{ key }}
-            offset 0
+            limit all offset 0
         ) as documents
     )
     {%- else -%}
@@ -113,8 +112,8 @@
 
 {#- Pre-hook (inside the transaction) of the same staging tables on an incremental run: no
     parallel plans for the search above. With parallel workers the planner prefers hashing the
-    whole staged table in several processes (a million orders: 0.6 s on two) to the merge of
-    the two indexes (0.4 s on one), while dbt's other threads are waiting for the same cores.
+    whole staged table in several processes to the merge of the two indexes, which is faster
+    on one, while dbt's other threads are waiting for the same cores.
     A first build reads every document and keeps its parallel plans. -#}
 {% macro serial_landed_search() -%}
     {%- if is_incremental() -%}

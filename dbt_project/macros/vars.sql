@@ -6,7 +6,7 @@
 {#-
     A run's var: `--vars` (what an analyst types) or else, when executing, the JSON object in
     env var CDP_DBT_RUN_VARS (what Dagster's runs pass). dbt re-parses the whole project when
-    `--vars` change (10 s instead of 5 s per invocation), and every run has a new date or
+    `--vars` change (twice the start-up of an invocation), and every run has a new date or
     tenant list; an env var read only when executing is not part of the parse at all.
 -#}
 {% macro run_var(name) %}

@@ -26,5 +26,5 @@ select
 from rates as safer
 inner join rates as riskier
     on safer.tenant_id = riskier.tenant_id
-    and riskier.risk > safer.risk
+    and safer.risk < riskier.risk
 where riskier.repurchase_rate > safer.repurchase_rate

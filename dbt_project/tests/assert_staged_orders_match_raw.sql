@@ -2,14 +2,18 @@
 -- Staging renames and casts: it must neither drop nor duplicate an order. Returns each
 -- tenant in scope whose staged orders do not number its landed raw orders.
 with raw_orders as (
-    select tenant_id, count(*) as orders
+    select
+        tenant_id,
+        count(*) as orders
     from {{ source('raw_vtex', 'orders') }}
     where {{ tenant_filter() }}
     group by tenant_id
 ),
 
 staged_orders as (
-    select tenant_id, count(*) as orders
+    select
+        tenant_id,
+        count(*) as orders
     from {{ ref('stg_vtex__orders') }}
     where {{ tenant_filter() }}
     group by tenant_id

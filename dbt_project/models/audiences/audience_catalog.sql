@@ -4,20 +4,23 @@
 -- models/audiences/: macro audience_models()).
 with memberships as (
     {% for audience in audience_models() %}
-    select {{ sql_literal(audience) }} as audience, tenant_id, count(*) as members
-    from {{ ref(audience) }}
-    group by tenant_id
-    {% if not loop.last %}union all{% endif %}
+        select
+            {{ sql_literal(audience) }} as audience,
+            tenant_id,
+            count(*) as members
+        from {{ ref(audience) }}
+        group by tenant_id
+        {% if not loop.last %}union all{% endif %}
     {% endfor %}
 ),
 
 audiences as (
     select audience
     from unnest(array[
-        {%- for audience in audience_models() %}
-        {{ sql_literal(audience) }}{{ "," if not loop.last }}
-        {%- endfor %}
-    ]) as audience_list (audience)
+            {%- for audience in audience_models() %}
+                {{ sql_literal(audience) }}{{ "," if not loop.last }}
+            {%- endfor %}
+        ]) as audience_list (audience)
 ),
 
 -- Tenants from the customers table, not the stg_cdp__tenants view: every tenant run

@@ -8,10 +8,9 @@
 -- seed benchmark's data). Where linked records still disagree, a recursive CTE goes on from
 -- them: each round, the records linked to those whose label changed take the smallest label
 -- among them, until the component's smallest id has reached all of it. The work follows the
--- number of links, not the squared component sizes of walking every path from every record
--- (34 s -> 11 s for 320,000 records at seed scale). Records and key values are numbered
--- first, so the joins, sorts and aggregates of the walk handle integers, not text ids under
--- the database's collation (7.0 s -> 4.2 s at seed scale).
+-- number of links, not the squared component sizes of walking every path from every record.
+-- Records and key values are numbered first, so the joins, sorts and aggregates of the walk
+-- handle integers, not text ids under the database's collation.
 --
 -- customer_key = md5(tenant_id || '|' || smallest record_id of the component): it changes
 -- only when the component itself changes (two customers merge, or a record with a smaller
@@ -65,15 +64,20 @@ linking_key_values as (
     from identity_key_counts
     where records between 2 and {{ var('identity_max_records_per_key') | int }}
     {% else %}
-    select tenant_id, identity_key, row_number() over () as key_number
-    from record_keys
-    group by tenant_id, identity_key
-    having count(*) between 2 and {{ var('identity_max_records_per_key') | int }}
+        select
+            tenant_id,
+            identity_key,
+            row_number() over () as key_number
+        from record_keys
+        group by tenant_id, identity_key
+        having count(*) between 2 and {{ var('identity_max_records_per_key') | int }}
     {% endif %}
 ),
 
 linking_keys as (
-    select record_keys.record_number, linking_key_values.key_number
+    select
+        record_keys.record_number,
+        linking_key_values.key_number
     from record_keys
     inner join linking_key_values
         on record_keys.tenant_id = linking_key_values.tenant_id
@@ -106,7 +110,9 @@ first_labels as (
 -- Linked records that still disagree: only their components need more rounds. Where all the
 -- records of a component agree, they hold its smallest number (the smallest keeps its own).
 unsettled as (
-    select distinct from_labels.record_number, from_labels.label
+    select distinct
+        from_labels.record_number,
+        from_labels.label
     from record_links
     inner join first_labels as from_labels on record_links.from_record = from_labels.record_number
     inner join first_labels as to_labels on record_links.to_record = to_labels.record_number
@@ -117,7 +123,9 @@ unsettled as (
 -- smallest of its changed linked records' in some round; UNION drops pairs seen before,
 -- which ends the walk.
 labels (record_number, label) as (
-    select record_number, label
+    select
+        record_number,
+        label
     from unsettled
     union
     select distinct
@@ -128,11 +136,19 @@ labels (record_number, label) as (
 ),
 
 components as (
-    select record_number, min(label) as anchor_record_number
+    select
+        record_number,
+        min(label) as anchor_record_number
     from (
-        select record_number, label from first_labels
+        select
+            record_number,
+            label
+        from first_labels
         union all
-        select record_number, label from labels
+        select
+            record_number,
+            label
+        from labels
     ) as offered_labels
     group by record_number
 )

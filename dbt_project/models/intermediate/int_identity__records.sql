@@ -126,8 +126,10 @@ order_profiles as (
         {{ first_non_null('email_raw', latest_first) }} as email_raw,
         {{ first_non_null('email_normalized', latest_first) }} as email_normalized,
         {{ first_non_null('document_normalized', latest_first) }} as document_normalized,
-        (array_agg(document_type order by {{ latest_first }})
-            filter (where document_normalized is not null))[1] as document_type,
+        (
+            array_agg(document_type order by {{ latest_first }})
+            filter (where document_normalized is not null)
+        )[1] as document_type,
         {{ first_non_null('phone_raw', latest_first) }} as phone_raw,
         {{ first_non_null('phone_e164', latest_first) }} as phone_e164,
         {{ first_non_null('first_name', latest_first) }} as first_name,

@@ -97,7 +97,7 @@ purchases as (
         {% if is_incremental() -%}
         nullif(built.customer_key, customer_keys.customer_key)
         {%- else -%}
-        null::text
+            null::text
         {%- endif %} as replaced_customer_key
     from orders
     inner join customer_keys

@@ -19,7 +19,9 @@ bands as (
 ),
 
 holdout_buyers as (
-    select distinct tenant_id, customer_key
+    select distinct
+        tenant_id,
+        customer_key
     from {{ ref('int_orders__purchases') }}
     where {{ tenant_filter() }}
         and is_purchase

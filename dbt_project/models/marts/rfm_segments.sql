@@ -19,5 +19,5 @@ where not exists (
     where kept.tenant_id = scored.tenant_id and kept.customer_key = scored.customer_key
 )
 {% else %}
-{{ rfm_scores() }}
+    {{ rfm_scores() }}
 {% endif %}

@@ -18,7 +18,8 @@ select
     payload ->> 'phone' as phone_raw,
     -- A flag that is not a JSON boolean becomes NULL instead of failing the whole view.
     case when jsonb_typeof(payload -> 'isNewsletterOptIn') = 'boolean'
-        then (payload ->> 'isNewsletterOptIn')::boolean end as is_newsletter_opt_in,
+            then (payload ->> 'isNewsletterOptIn')::boolean
+    end as is_newsletter_opt_in,
     (payload ->> 'createdIn')::timestamptz as created_at,
     (payload ->> 'updatedIn')::timestamptz as updated_at,
     synced_at as landed_at

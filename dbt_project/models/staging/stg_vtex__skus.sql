@@ -10,5 +10,6 @@ select
     payload ->> 'SkuName' as sku_name,
     -- A flag that is not a JSON boolean becomes NULL instead of failing the whole view.
     case when jsonb_typeof(payload -> 'IsActive') = 'boolean'
-        then (payload ->> 'IsActive')::boolean end as is_active
+            then (payload ->> 'IsActive')::boolean
+    end as is_active
 from skus
