@@ -195,7 +195,7 @@ def dev(port: int, health_port: int, sandbox: bool | None) -> None:
     import dagster as dg
 
     from cdp_assets.lib.dagster_home import apply_pool_limits, prepare_dagster_home
-    from cdp_assets.ops.alerts import UI_URL_ENV
+    from cdp_assets.ops.webhook import UI_URL_ENV
 
     url = migrated_url()
     home = prepare_dagster_home(url)

@@ -6,7 +6,7 @@ import dagster as dg
 
 from cdp_assets.analytics.assets import dbt_audiences, dbt_tenant_models
 from cdp_assets.lib.dagster_home import VTEX_API_POOL
-from cdp_assets.lib.retries import ACTIVATION_RETRY
+from cdp_assets.lib.step_retries import ACTIVATION_RETRY
 from cdp_assets.partitions import tenants
 
 # What the store is written from, as the ad platforms' pushes: the audiences and marts of the

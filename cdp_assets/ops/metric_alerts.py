@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import psycopg
 
-from cdp_assets.ops.alerts import post_alert
 from cdp_assets.ops.metrics import SUBJECTS, Figure, MetricsReport, Severity, Threshold
+from cdp_assets.ops.webhook import post_alert
 
 
 @dataclass(frozen=True)

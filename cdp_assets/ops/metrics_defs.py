@@ -9,7 +9,6 @@ import dagster as dg
 from cdp_assets.lib import settings
 from cdp_assets.lib.run_bounds import run_bound
 from cdp_assets.lib.warehouse import WarehouseResource
-from cdp_assets.ops.alerts import WEBHOOK_ENV
 from cdp_assets.ops.freshness import PLATFORM_FRESHNESS
 from cdp_assets.ops.metric_alerts import alert_on_crossings
 from cdp_assets.ops.metrics import (
@@ -25,6 +24,7 @@ from cdp_assets.ops.metrics import (
     load_thresholds,
     worst_named,
 )
+from cdp_assets.ops.webhook import WEBHOOK_ENV
 from cdp_assets.vtex.resources import VtexResource
 
 ASSET = "operations_metrics"

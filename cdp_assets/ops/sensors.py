@@ -7,8 +7,8 @@ import dagster as dg
 
 from cdp_assets.lib import settings
 from cdp_assets.lib.warehouse import WarehouseResource
-from cdp_assets.ops.alerts import UI_URL_ENV, WEBHOOK_ENV, alert_payload, post_alert
 from cdp_assets.ops.sync_errors import failed_assets, record_sync_error, sync_error_from_run
+from cdp_assets.ops.webhook import UI_URL_ENV, WEBHOOK_ENV, alert_payload, post_alert
 
 
 @dg.run_failure_sensor(

@@ -9,7 +9,7 @@ import psycopg
 
 from cdp_assets.lib.dagster_home import VTEX_API_POOL
 from cdp_assets.lib.redaction import redact
-from cdp_assets.lib.retries import retry_transient
+from cdp_assets.lib.step_retries import retry_transient
 from cdp_assets.lib.sync_state import (
     FAILED,
     RECONCILED,

@@ -22,7 +22,6 @@ from cdp_assets.cli import main
 from cdp_assets.lib.redaction import redact
 from cdp_assets.lib.sync_state import OrderMonth, record_order_month
 from cdp_assets.lib.warehouse import WarehouseResource
-from cdp_assets.ops.alerts import UI_URL_ENV, WEBHOOK_ENV, alert_payload, post_alert
 from cdp_assets.ops.freshness import FRESHNESS
 from cdp_assets.ops.sensors import sync_errors_sensor
 from cdp_assets.ops.status import collect_status, render_text, status_json, watched_assets
@@ -32,6 +31,7 @@ from cdp_assets.ops.sync_errors import (
     sync_error_from_run,
     tenant_from_tags,
 )
+from cdp_assets.ops.webhook import UI_URL_ENV, WEBHOOK_ENV, alert_payload, post_alert
 from cdp_assets.partitions import tenant_month_range_tags, tenant_months, tenants
 from cdp_assets.tenants.registry import Tenant, add_tenant, set_active
 

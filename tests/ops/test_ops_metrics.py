@@ -17,7 +17,6 @@ import psycopg
 import pytest
 
 from cdp_assets.lib.warehouse import WarehouseResource
-from cdp_assets.ops.alerts import WEBHOOK_ENV
 from cdp_assets.ops.metric_alerts import alert_on_crossings
 from cdp_assets.ops.metrics import (
     DEFAULT_THRESHOLDS,
@@ -43,6 +42,7 @@ from cdp_assets.ops.metrics_defs import (
     operations_metrics,
 )
 from cdp_assets.ops.status import collect_status, render_text, status_json
+from cdp_assets.ops.webhook import WEBHOOK_ENV
 from cdp_assets.partitions import tenants
 from cdp_assets.tenants.registry import Tenant, add_tenant, set_active
 from cdp_assets.vtex.resources import VtexResource

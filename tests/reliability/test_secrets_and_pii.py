@@ -41,8 +41,8 @@ from cdp_assets.activation.meta.assets import meta_custom_audiences
 from cdp_assets.activation.meta.resources import MetaResource
 from cdp_assets.lib.redaction import redact, remember
 from cdp_assets.lib.warehouse import WarehouseResource
-from cdp_assets.ops.alerts import WEBHOOK_ENV
 from cdp_assets.ops.sensors import sync_errors_sensor
+from cdp_assets.ops.webhook import WEBHOOK_ENV
 from cdp_assets.partitions import tenants
 from cdp_assets.tenants.registry import Tenant, add_tenant
 from cdp_assets.vtex.assets import vtex_products

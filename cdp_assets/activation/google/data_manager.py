@@ -44,7 +44,7 @@ from google.protobuf import duration_pb2
 
 from cdp_assets.activation.destinations import Destination, DestinationAudience
 from cdp_assets.activation.sync import AudienceGone, BatchResult, Row, Verdict
-from cdp_assets.lib.retry import with_backoff
+from cdp_assets.lib.backoff import with_backoff
 
 BATCH_SIZE = 10_000  # documented members per request
 MEMBERSHIP_DAYS = 540  # Customer Match maximum

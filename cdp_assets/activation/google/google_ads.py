@@ -64,7 +64,7 @@ from google.api_core import exceptions as gexc
 
 from cdp_assets.activation.destinations import Destination, DestinationAudience
 from cdp_assets.activation.sync import AudienceGone, BatchResult, PlatformError, Row, Verdict
-from cdp_assets.lib.retry import with_backoff
+from cdp_assets.lib.backoff import with_backoff
 
 # 2 identifiers per operation: 50,000 operations stay under the 100,000 identifiers a
 # request may carry; Google suggests about 10,000 per request for speed.

@@ -7,7 +7,7 @@ from cdp_assets.activation.meta.resources import MetaResource
 from cdp_assets.activation.run import ActivationConfig, activate_audiences
 from cdp_assets.analytics.assets import dbt_audiences
 from cdp_assets.lib.dagster_home import META_API_POOL
-from cdp_assets.lib.retries import ACTIVATION_RETRY
+from cdp_assets.lib.step_retries import ACTIVATION_RETRY
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.partitions import tenants
 
