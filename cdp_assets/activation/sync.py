@@ -291,13 +291,20 @@ def _find_leaving(conn: psycopg.Connection, members: MemberSource, key: dict[str
     (`members.confirmed` finds it; its row is the one confirmed) or when the fresh rows hold
     it as confirmed. Only the fresh members and the leaving rows are written: the unchanged
     majority of a re-sync is read once and never copied."""
-    # A member with a fresh row is as the fresh row has it, whatever the other part saw.
-    still_confirmed = (
+    # A member with a fresh row is as the fresh row has it, whatever the other part saw. Joins,
+    # not a correlated subquery per row: the unchanged part may be a query the planner cannot
+    # narrow to one member (a window over the tenant), which per row made the search quadratic.
+    unchanged = (
         sql.SQL(
-            "AND (EXISTS (SELECT FROM desired_members d WHERE d.member_key = s.member_key)"
-            " OR NOT EXISTS (SELECT FROM ({}) AS unchanged (member_key, fingerprint,"
-            " source_fingerprint, identifiers) WHERE unchanged.member_key = s.member_key))"
+            " LEFT JOIN (SELECT DISTINCT unchanged.member_key FROM ({}) AS unchanged"
+            " (member_key, fingerprint, source_fingerprint, identifiers)) AS u"
+            " ON u.member_key = s.member_key"
         ).format(members.confirmed)
+        if members.confirmed is not None
+        else sql.SQL("")
+    )
+    still_confirmed = (
+        sql.SQL(" AND (d.member_key IS NOT NULL OR u.member_key IS NULL)")
         if members.confirmed is not None
         else sql.SQL("")
     )
@@ -305,10 +312,11 @@ def _find_leaving(conn: psycopg.Connection, members: MemberSource, key: dict[str
         sql.SQL(
             "INSERT INTO leaving_members (member_key, fingerprint, identifiers)"
             " SELECT s.member_key, s.fingerprint, s.identifiers"
-            " FROM cdp.destination_members s WHERE s.destination_id = %(destination_id)s"
-            " AND s.audience = %(audience)s AND NOT EXISTS (SELECT FROM desired_members d"
-            " WHERE d.member_key = s.member_key AND d.fingerprint = s.fingerprint) {}"
-        ).format(still_confirmed),
+            " FROM cdp.destination_members s"
+            " LEFT JOIN desired_members d ON d.member_key = s.member_key{}"
+            " WHERE s.destination_id = %(destination_id)s AND s.audience = %(audience)s"
+            " AND (d.member_key IS NULL OR d.fingerprint IS DISTINCT FROM s.fingerprint){}"
+        ).format(unchanged, still_confirmed),
         {**members.params, **key},
     ).rowcount
 

@@ -404,10 +404,28 @@ def _details_section(report: dict[str, Any]) -> list[str]:
             f" Of the changed orders, {_n(increment['changed_orders_in_48h_window'])} were"
             " created in the 48-hour window the List sync re-reads and"
             f" {_n(increment['changed_orders_updated'])} reached the warehouse; the sandbox"
-            " changes orders of any age, and older ones travel by the orders feed (not part of"
-            " this stage), since VTEX lists orders by creation date." + _dbt_sentence(increment),
+            " changes orders of any age, and older ones travel by the orders feed, drained in"
+            " this stage, since VTEX lists orders by creation date." + _dbt_sentence(increment),
         ]
+    lines += _freshness_sentence(stages.get("freshness"))
     return lines
+
+
+def _freshness_sentence(freshness: dict[str, Any] | None) -> list[str]:
+    if not freshness:
+        return []
+    return [
+        "",
+        f"**Freshness**: {_n(freshness['new_orders'])} new and"
+        f" {_n(freshness['changed_orders'])} changed orders created in the stores over"
+        f" {_n(freshness['window_minutes'])} minutes"
+        f" ({_n(freshness['events'] / freshness['window_minutes'], 0)} events a minute), the feed"
+        f" on for every tenant and Dagster's daemon running the chain;"
+        f" {_n(freshness['accounted'])} of {_n(freshness['events'])} events at the Meta"
+        f" audience: p50"
+        f" {_n(freshness['p50_seconds'])} s, p95 {_n(freshness['p95_seconds'])} s, max"
+        f" {_n(freshness['max_seconds'])} s from the event's creation.",
+    ]
 
 
 def _masterdata_sentence(masterdata: dict[str, Any] | None) -> list[str]:
