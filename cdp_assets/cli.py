@@ -209,7 +209,9 @@ def dev(port: int, health_port: int, sandbox: bool | None) -> None:
         sandbox = _dev_sandbox_hook() is not None
     try:
         if sandbox:
-            stack.append(_dev_sandboxes(url))
+            sandboxes = _dev_sandboxes(url)
+            sandboxes.__enter__()
+            stack.append(sandboxes)
         workspace = str(PROJECT_ROOT / "workspace.yaml")
         bin_dir = Path(sys.executable).parent
         processes = [

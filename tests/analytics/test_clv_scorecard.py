@@ -95,7 +95,8 @@ def random_store(seed: int, customers: int, as_of: datetime) -> list[dict]:
     for customer in rng.integers(0, customers, holdout_orders):
         day = int(rng.integers(1, HOLDOUT_DAYS + 1))
         cents = int(rng.gamma(2, 4000)) + 100
-        documents.append((int(customer), calibration.replace(hour=12) + timedelta(days=day), cents))
+        # Midnight: the last holdout day is today, whose noon may be still to come.
+        documents.append((int(customer), calibration + timedelta(days=day), cents))
     return [
         order(f"rnd-{i:06d}", f"rnd-{customer}", created, cents)
         for i, (customer, created, cents) in enumerate(documents)
