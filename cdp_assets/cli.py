@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 import warnings
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, ExitStack
 from datetime import date
 from importlib import metadata
 from pathlib import Path
@@ -204,18 +204,18 @@ def dev(port: int, health_port: int, sandbox: bool | None) -> None:
     click.echo(f"DAGSTER_HOME={home}")
     # Alerts link to runs in this UI unless a deployment says where its UI is.
     os.environ.setdefault(UI_URL_ENV, f"http://127.0.0.1:{port}")
-    stack: list[AbstractContextManager[object, bool | None]] = []
     if sandbox is None:
         sandbox = _dev_sandbox_hook() is not None
-    try:
-        if sandbox:
-            sandboxes = _dev_sandboxes(url)
-            sandboxes.__enter__()
-            stack.append(sandboxes)
-        workspace = str(PROJECT_ROOT / "workspace.yaml")
-        bin_dir = Path(sys.executable).parent
-        processes = [
-            subprocess.Popen(
+    with ExitStack() as stack:
+        try:
+            if sandbox:
+                stack.enter_context(_dev_sandboxes(url))
+            workspace = str(PROJECT_ROOT / "workspace.yaml")
+            bin_dir = Path(sys.executable).parent
+            processes: list[subprocess.Popen[bytes]] = []
+            # Stopped before the sandboxes they were pointed at.
+            stack.callback(_interrupt_and_wait, processes)
+            for command in (
                 [
                     str(bin_dir / "dagster-webserver"),
                     "-w",
@@ -225,31 +225,27 @@ def dev(port: int, health_port: int, sandbox: bool | None) -> None:
                     "-p",
                     str(port),
                 ],
-                cwd=PROJECT_ROOT,
-            ),
-            subprocess.Popen(
-                [str(bin_dir / "dagster-daemon"), "run", "-w", workspace], cwd=PROJECT_ROOT
-            ),
-            subprocess.Popen(
-                [str(bin_dir / "cdp"), "health", "--port", str(health_port)], cwd=PROJECT_ROOT
-            ),
-        ]
-        click.echo(
-            f"Dagster UI on http://127.0.0.1:{port}, health on"
-            f" http://127.0.0.1:{health_port}/health (Ctrl-C stops everything)"
-        )
-        while all(p.poll() is None for p in processes):
-            time.sleep(1)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        for process in locals().get("processes", []):
-            if process.poll() is None:
-                process.send_signal(signal.SIGINT)
-        for process in locals().get("processes", []):
-            process.wait(timeout=30)
-        for entered in stack:
-            entered.__exit__(None, None, None)
+                [str(bin_dir / "dagster-daemon"), "run", "-w", workspace],
+                [str(bin_dir / "cdp"), "health", "--port", str(health_port)],
+            ):
+                processes.append(subprocess.Popen(command, cwd=PROJECT_ROOT))
+            click.echo(
+                f"Dagster UI on http://127.0.0.1:{port}, health on"
+                f" http://127.0.0.1:{health_port}/health (Ctrl-C stops everything)"
+            )
+            while all(p.poll() is None for p in processes):
+                time.sleep(1)
+        except KeyboardInterrupt:
+            pass
+
+
+def _interrupt_and_wait(processes: list[subprocess.Popen[bytes]]) -> None:
+    """Ctrl-C to each process still running, then each one's end awaited."""
+    for process in processes:
+        if process.poll() is None:
+            process.send_signal(signal.SIGINT)
+    for process in processes:
+        process.wait(timeout=30)
 
 
 @main.group()

@@ -15,7 +15,7 @@ import dagster as dg
 import psycopg
 
 from cdp_assets.activation.destinations import Destination, add_audience, add_destination
-from cdp_assets.activation.triggers import activation_push
+from cdp_assets.activation.jobs import activation_push
 from cdp_assets.analytics.jobs import (
     ANALYTICS_JOB,
     AUDIENCES_JOB,
@@ -26,7 +26,7 @@ from cdp_assets.definitions import defs
 from cdp_assets.lib.dagster_home import prepare_dagster_home
 from cdp_assets.lib.database import cdp_home
 from cdp_assets.lib.warehouse import migrated_url
-from cdp_assets.ops.metrics_defs import operations_metrics_job
+from cdp_assets.ops.jobs import operations_metrics_job
 from cdp_assets.partitions import (
     TENANT_PARTITIONS,
     month_start,

@@ -4,13 +4,10 @@ fields) and the triggers that push them."""
 import dagster as dg
 
 from cdp_assets.activation.google.definitions import defs as google_defs
+from cdp_assets.activation.jobs import activation_push
 from cdp_assets.activation.meta.definitions import defs as meta_defs
-from cdp_assets.activation.triggers import (
-    activation_every_48_hours,
-    activation_push,
-    audience_changes_sensor,
-    pending_verdicts_sensor,
-)
+from cdp_assets.activation.schedules import activation_every_48_hours
+from cdp_assets.activation.sensors import audience_changes_sensor, pending_verdicts_sensor
 from cdp_assets.activation.vtex_collections.assets import vtex_product_collections
 from cdp_assets.activation.vtex_masterdata.assets import vtex_masterdata_fields
 

@@ -1,5 +1,6 @@
-"""Analytics as dbt assets, per tenant: the models (before and after the Python fits in
-`prediction_assets.py`) and the audiences."""
+"""Analytics as assets, per tenant: the dbt models, the Python step between them (CLV
+predictions: `prediction_refresh.py`, maths in `clv.py`), the CLV holdout scorecard
+(`clv_holdout.py`) and the audiences."""
 
 import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -7,9 +8,20 @@ from datetime import UTC, date, datetime
 from typing import Any
 
 import dagster as dg
+import numpy as np
 import psycopg
-from dagster_dbt import dbt_assets
+from dagster_dbt import dbt_assets, get_asset_key_for_model
 
+from cdp_assets.analytics.automation import ANALYTICS_AUTOMATION
+from cdp_assets.analytics.clv_holdout import score_tenants
+from cdp_assets.analytics.clv_scorecard import Scorecard
+from cdp_assets.analytics.dbt_metadata import (
+    freshness_metadata,
+    holdout_metadata,
+    previous_refresh,
+    segment_metadata,
+    source_landings,
+)
 from cdp_assets.analytics.dbt_project import (
     dbt_connection_env,
     dbt_project,
@@ -18,6 +30,15 @@ from cdp_assets.analytics.dbt_project import (
     refresh_exposures,
     tenant_translator,
 )
+from cdp_assets.analytics.prediction_refresh import (
+    HOLDOUT_SUMMARY_MODEL,
+    REFIT_AFTER_DAYS,
+    SUMMARY_MODEL,
+    Refreshed,
+    fit_and_replace,
+    refresh_predictions,
+)
+from cdp_assets.analytics.predictions import HORIZON_MONTHS
 from cdp_assets.framework.dbt_cli import CdpDbtCliResource
 from cdp_assets.lib import settings
 from cdp_assets.lib.dagster_home import DBT_POOL
@@ -46,9 +67,8 @@ TENANT_MODELS = " ".join(
 )
 # It reads the Python step's predictions, so it runs after it.
 SCORING_MODELS = "churn_risk"
-# The churn holdout's models (dbt tag `weekly`): the validation of the bands. They run on
-# the weekly schedule (`churn_holdout_weekly`), not on the daily path.
-HOLDOUT_SUMMARY_MODEL = "int_customers__holdout_summary"
+# The churn holdout's models (dbt tag `weekly`, with HOLDOUT_SUMMARY_MODEL): the validation of
+# the bands. They run on the weekly schedule (`churn_holdout_weekly`), not on the daily path.
 HOLDOUT_MODEL = "churn_holdout"
 # With their tests (a test of churn_risk also reads customers: keep it out of the first step)
 NOT_IN_TENANT_MODELS = "churn_risk+ tag:weekly+"
@@ -125,36 +145,6 @@ def _run_dbt(
     keep_parse(invocation.target_path)
 
 
-SEGMENT_SIZES_SQL = """
-SELECT tenant_id, segment, count(*) FROM marts.rfm_segments WHERE tenant_id = ANY(%s)
- GROUP BY 1, 2 ORDER BY 1, 3 DESC
-"""
-
-
-def segment_metadata(conn: psycopg.Connection, tenant_ids: Sequence[str]) -> dict:
-    """Segment sizes as a table, and a number per segment (plotted over time) when the run
-    is one tenant's: a run over several records the same metadata on each of them."""
-    sizes = conn.execute(SEGMENT_SIZES_SQL, (list(tenant_ids),)).fetchall()
-    table = "| tenant | segment | customers |\n|---|---|---|\n" + "\n".join(
-        f"| {t} | {s} | {n} |" for t, s, n in sizes
-    )
-    metadata: dict = {"segments": dg.MetadataValue.md(table)}
-    if len(tenant_ids) == 1:
-        metadata.update({f"segment_size/{segment}": count for _, segment, count in sizes})
-        metadata["segment_chart"] = dg.MetadataValue.md(bar_chart(sizes))
-    return metadata
-
-
-def bar_chart(sizes: Sequence[tuple[str, str, int]], width: int = 30) -> str:
-    """Segment sizes as a text bar chart: readable in the UI's Markdown view."""
-    largest = max((n for _, _, n in sizes), default=0)
-    if not largest:
-        return "no segments"
-    label = max(len(s) for _, s, _ in sizes)
-    rows = [f"{s:<{label}} {'█' * max(1, round(width * n / largest))} {n}" for _, s, n in sizes]
-    return "```\n" + "\n".join(rows) + "\n```"
-
-
 _tenant_dbt: dict[str, Any] = {
     "manifest": MANIFEST,
     "project": dbt_project,
@@ -165,27 +155,6 @@ _tenant_dbt: dict[str, Any] = {
     "backfill_policy": dg.BackfillPolicy.single_run(),
     "pool": DBT_POOL,
 }
-
-
-HOLDOUT_RATES_SQL = """
-SELECT tenant_id, churn_band, count(*), avg(repurchased::integer), min(calibration_date)
-  FROM marts.churn_holdout WHERE tenant_id = ANY(%s)
- GROUP BY 1, 2 ORDER BY 1, array_position(ARRAY['low', 'medium', 'high', 'lost'], churn_band)
-"""
-
-
-def holdout_metadata(conn: psycopg.Connection, tenant_ids: Sequence[str]) -> dict:
-    """The churn holdout: per band, the customers and the share who bought again after the
-    calibration date; as numbers too when the run is one tenant's."""
-    rates = conn.execute(HOLDOUT_RATES_SQL, (list(tenant_ids),)).fetchall()
-    table = "| tenant | band as of | band | customers | bought again |\n|---|---|---|---:|---:|\n"
-    table += "\n".join(f"| {t} | {d} | {b} | {n} | {float(r):.1%} |" for t, b, n, r, d in rates)
-    metadata: dict = {"holdout_repurchase": dg.MetadataValue.md(table)}
-    if len(tenant_ids) == 1:
-        for _, band, customers, rate, _ in rates:
-            metadata[f"holdout_repurchase_rate/{band}"] = float(rate)
-            metadata[f"holdout_customers/{band}"] = customers
-    return metadata
 
 
 def _with_metadata(
@@ -241,65 +210,6 @@ def dbt_churn_holdout(context: dg.AssetExecutionContext, dbt: CdpDbtCliResource)
     )
 
 
-# Per tenant: when the newest order landed in the source, and how long the oldest order
-# landed since the tenant's previous audience refresh waited for this one.
-SOURCE_LANDINGS_SQL = """
-SELECT previous.tenant_id, max(orders.synced_at),
-       min(orders.synced_at) FILTER (WHERE orders.synced_at > previous.refreshed_at)
-  FROM unnest(%s::text[], %s::timestamptz[]) AS previous (tenant_id, refreshed_at)
-  LEFT JOIN raw_vtex.orders AS orders USING (tenant_id)
- GROUP BY previous.tenant_id
-"""
-
-
-def previous_refresh(
-    context: dg.AssetExecutionContext, asset_key: dg.AssetKey, tenant_id: str
-) -> datetime | None:
-    """When the tenant's audiences were last refreshed before this run (None: never)."""
-    records = context.instance.fetch_materializations(
-        dg.AssetRecordsFilter(asset_key=asset_key, asset_partitions=[tenant_id]), limit=1
-    ).records
-    return datetime.fromtimestamp(records[0].timestamp, UTC) if records else None
-
-
-def source_landings(
-    conn: psycopg.Connection, previous: Mapping[str, datetime | None]
-) -> dict[str, tuple[datetime | None, datetime | None]]:
-    """tenant -> (newest order landing, oldest landing since `previous[tenant]`), as this
-    refresh reads its source."""
-    tenant_ids = sorted(previous)
-    epoch = datetime.fromtimestamp(0, UTC)
-    since = [previous[tenant_id] or epoch for tenant_id in tenant_ids]
-    rows = conn.execute(SOURCE_LANDINGS_SQL, (tenant_ids, since)).fetchall()
-    return {tenant_id: (newest, oldest_waiting) for tenant_id, newest, oldest_waiting in rows}
-
-
-def freshness_metadata(
-    landings: Mapping[str, tuple[datetime | None, datetime | None]], refreshed_at: datetime
-) -> dict:
-    """The audiences' age against their source, per tenant: as numbers (plotted over time on
-    the tenant's partition) when the run is one tenant's, as a table otherwise."""
-    table = "| tenant | newest order landed | oldest change waited (s) |\n|---|---|---:|\n"
-    table += "\n".join(
-        f"| {t} | {newest:%Y-%m-%d %H:%M:%S} | {_waited(oldest, refreshed_at)} |"
-        if newest
-        else f"| {t} | no orders | |"
-        for t, (newest, oldest) in sorted(landings.items())
-    )
-    metadata: dict = {"source_freshness": dg.MetadataValue.md(table)}
-    if len(landings) == 1:
-        ((newest, oldest),) = landings.values()
-        if newest is not None:
-            metadata["source_landed_at"] = dg.MetadataValue.timestamp(newest)
-        if oldest is not None:
-            metadata["seconds_behind_source"] = _waited(oldest, refreshed_at)
-    return metadata
-
-
-def _waited(landed: datetime | None, refreshed_at: datetime) -> float | str:
-    return "" if landed is None else round((refreshed_at - landed).total_seconds(), 1)
-
-
 @dbt_assets(name="dbt_audiences", select=AUDIENCE_MODELS, **_tenant_dbt)
 def dbt_audiences(context: dg.AssetExecutionContext, dbt: CdpDbtCliResource):
     """The run's tenants' rows of every audience, replaced in one transaction per audience
@@ -321,3 +231,277 @@ def dbt_audiences(context: dg.AssetExecutionContext, dbt: CdpDbtCliResource):
     with WarehouseResource().connect() as conn:
         if refresh_exposures(conn):
             context.log.info("destinations changed: the project's exposures were written again")
+
+
+def _python_step(
+    name: str,
+    summary: tuple[dg.AssetsDefinition, str],
+    automation_condition: dg.AutomationCondition | None,
+    description: str,
+):
+    """The asset decorator of a tenant-partitioned step reading the model `summary` (the dbt
+    assets building it, its name) and writing `analytics_python.<name>`."""
+    summary_assets, summary_model = summary
+    return dg.asset(
+        name=name,
+        description=description,
+        partitions_def=tenants,
+        backfill_policy=dg.BackfillPolicy.single_run(),
+        deps=[get_asset_key_for_model([summary_assets], summary_model)],
+        group_name="marts",
+        kinds={"python", "scipy", "postgres"},
+        automation_condition=automation_condition,
+        metadata={"dagster/table_name": f"analytics_python.{name}"},
+    )
+
+
+def _materialization(refreshed: list[Refreshed]) -> dg.MaterializeResult:
+    if len(refreshed) == 1:
+        return dg.MaterializeResult(metadata=_metadata(refreshed[0]))
+    # A run over several tenants records this on each of them: a table, not numbers.
+    return dg.MaterializeResult(
+        metadata={
+            "tenants_in_run": len(refreshed),
+            "tenants": dg.MetadataValue.md(_fits_table(refreshed)),
+        }
+    )
+
+
+def _predictions_asset(
+    name: str,
+    summary: tuple[dg.AssetsDefinition, str],
+    automation_condition: dg.AutomationCondition | None,
+    record_fits: bool,
+    description: str,
+) -> dg.AssetsDefinition:
+    """A tenant-partitioned asset fitting every tenant of its run on the model `summary`
+    (the dbt assets building it, its name) and replacing the tenant's rows of
+    `analytics_python.<name>`."""
+    summary_model = summary[1]
+    table = f"analytics_python.{name}"
+
+    @_python_step(name, summary, automation_condition, description)
+    def fit(
+        context: dg.AssetExecutionContext, warehouse: WarehouseResource
+    ) -> dg.MaterializeResult:
+        with warehouse.connect() as reader, warehouse.connect() as writer:
+            fitted = fit_and_replace(
+                reader, writer, summary_model, table, run_tenants(context), record_fits
+            )
+        return _materialization(fitted)
+
+    return fit
+
+
+class PredictionsConfig(dg.Config):
+    refit_after_days: int = REFIT_AFTER_DAYS
+    """A tenant whose stored fit is as of this many days before its summary is fitted again."""
+    refit: bool = False
+    """Fit every tenant of the run again, whatever its stored fit."""
+
+
+@_python_step(
+    "customer_predictions",
+    (dbt_tenant_models, SUMMARY_MODEL),
+    ANALYTICS_AUTOMATION,
+    description="""P(alive), expected purchases and CLV over 1, 3 and 5 years per customer.
+
+    BG/NBD and Gamma-Gamma fitted per tenant by maximum likelihood (`analytics/clv.py`), again
+    when the stored fit is a week old (config refit_after_days), missing, or the customers
+    changed by a quarter; every other run scores the customers whose purchase summary changed
+    with the stored parameters. A tenant whose data cannot support the fit gets the documented
+    heuristic, and the `model` column says which one each row came from.""",
+)
+def customer_predictions(
+    context: dg.AssetExecutionContext, config: PredictionsConfig, warehouse: WarehouseResource
+) -> dg.MaterializeResult:
+    with warehouse.connect() as reader, warehouse.connect() as writer:
+        refreshed = refresh_predictions(
+            reader, writer, run_tenants(context), config.refit_after_days, config.refit
+        )
+    return _materialization(refreshed)
+
+
+holdout_predictions = _predictions_asset(
+    "holdout_predictions",
+    (dbt_holdout_summary, HOLDOUT_SUMMARY_MODEL),
+    # Run by the weekly churn holdout schedule.
+    None,
+    # Its fit, as of the calibration date, is the one clv_scorecard scores.
+    record_fits=True,
+    description="""The same fit as customer_predictions, as of the churn holdout's calibration
+    date (var churn_holdout_days before as_of): the P(alive) marts.churn_holdout bands with,
+    so the holdout tests the churn rules as they run today. Weekly.""",
+)
+
+
+def _fits_table(refreshed: list[Refreshed]) -> str:
+    lines = [
+        "| tenant | customers | scored | model | fit |",
+        "|---|---:|---:|---|---|",
+    ]
+    for done in refreshed:
+        fit = f"fitted: {done.fitted}" if done.fitted else f"stored, as of {done.fit_as_of}"
+        lines.append(
+            f"| {done.tenant_id} | {done.customers} | {done.scored} | {done.result.model} | {fit} |"
+        )
+    return "\n".join(lines)
+
+
+def _metadata(refreshed: Refreshed) -> dict:
+    result, customers, scored = refreshed.result, refreshed.customers, refreshed.scored
+    metadata: dict = {
+        "dagster/row_count": customers,
+        "customers_scored": scored,
+        "model": result.model,
+        "fell_back": result.fallback_reason is not None,
+        "fitted": refreshed.fitted is not None,
+    }
+    if refreshed.fitted:
+        metadata["fit_reason"] = refreshed.fitted
+    elif refreshed.fit_as_of:
+        metadata["fit_as_of"] = refreshed.fit_as_of.isoformat()
+    if result.fallback_reason:
+        metadata["fallback_reason"] = result.fallback_reason
+    if result.bgnbd and result.gamma_gamma:
+        bg, gg = result.bgnbd.params, result.gamma_gamma.params
+        metadata.update(
+            bgnbd_r=bg.r,
+            bgnbd_alpha=bg.alpha,
+            bgnbd_a=bg.a,
+            bgnbd_b=bg.b,
+            gg_p=gg.p,
+            gg_q=gg.q,
+            gg_gamma=gg.gamma,
+            **result.fit_details,
+        )
+    # Totals and quantiles of the tenant: when this run scored every customer.
+    if customers and scored == customers:
+        clv_1y = result.clv[12]
+        metadata["mean_p_alive"] = float(result.p_alive.mean())
+        metadata.update(
+            {f"clv_{m // 12}y_total": float(result.clv[m].sum()) for m in HORIZON_MONTHS}
+        )
+        quantiles = np.quantile(clv_1y, [0.1, 0.25, 0.5, 0.75, 0.9, 0.99])
+        table = "| quantile | CLV 1y |\n|---|---|\n" + "\n".join(
+            f"| p{int(q * 100)} | {v:,.2f} |"
+            for q, v in zip((0.1, 0.25, 0.5, 0.75, 0.9, 0.99), quantiles, strict=True)
+        )
+        metadata["clv_1y_distribution"] = dg.MetadataValue.md(table)
+    return metadata
+
+
+CHECK_NAME = "clv_beats_naive_baseline"
+
+
+def _listed(tenant_ids: list[str]) -> dg.MetadataValue:
+    return dg.MetadataValue.md("\n".join(f"- {t}" for t in tenant_ids) or "none")
+
+
+def _figures(card: Scorecard) -> dict:
+    """Numbers plotted over time when the run is one tenant's."""
+    figures: dict = {
+        "customers": card.customers,
+        "holdout_days": card.holdout_days,
+        "beats_baseline": card.beats_baseline,
+    }
+    for quantity in ("purchases", "spend"):
+        for who in ("model", "baseline"):
+            accuracy = getattr(card, f"{who}_{quantity}")
+            if accuracy is None:
+                continue
+            figures[f"{who}/{quantity}_predicted"] = accuracy.predicted_total
+            figures[f"{who}/{quantity}_mae"] = accuracy.mean_absolute_error
+            for name in ("bias", "rank_correlation", "top_decile_share"):
+                value = getattr(accuracy, name)
+                if value is not None:
+                    figures[f"{who}/{quantity}_{name}"] = value
+    figures["actual/purchases"] = card.baseline_purchases.actual_total
+    figures["actual/spend"] = card.baseline_spend.actual_total
+    return figures
+
+
+def _deciles_table(card: Scorecard) -> str:
+    lines = [
+        "| decile | customers | purchases predicted | actual | baseline"
+        " | spend predicted | actual | baseline |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for d in card.deciles:
+        lines.append(
+            f"| {d.decile} | {d.customers} | {d.predicted_purchases:.3f} | {d.actual_purchases:.3f}"
+            f" | {d.baseline_purchases:.3f} | {d.predicted_spend:,.2f} | {d.actual_spend:,.2f}"
+            f" | {d.baseline_spend:,.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def _tenants_table(scored: list[tuple[str, date, Scorecard]]) -> str:
+    lines = [
+        "| tenant | calibrated | model | spend MAE | baseline | top decile | baseline | beats |",
+        "|---|---|---|---:|---:|---:|---:|---|",
+    ]
+    for tenant_id, calibration_date, card in scored:
+        model, naive = card.model_spend, card.baseline_spend
+        mae = f"{model.mean_absolute_error:,.2f}" if model else "-"
+        top = f"{model.top_decile_share:.1%}" if model and model.top_decile_share else "-"
+        naive_top = f"{naive.top_decile_share:.1%}" if naive.top_decile_share else "-"
+        lines.append(
+            f"| {tenant_id} | {calibration_date} | {card.model} | {mae}"
+            f" | {naive.mean_absolute_error:,.2f} | {top} | {naive_top} | {card.beats_baseline} |"
+        )
+    return "\n".join(lines)
+
+
+@dg.asset(
+    name="clv_scorecard",
+    description="""How well CLV predicts, per tenant: the BG/NBD + Gamma-Gamma fit as of the
+    churn holdout's calibration date (holdout_predictions', fitted once) against each
+    customer's purchase days and spend since, beside a naive baseline (the customer's past
+    rate carried forward): error, bias, rank correlation, the top decile's share and a
+    calibration table by decile. Weekly, with the churn holdout; `beats_baseline` gates what
+    activation derives from CLV.""",
+    partitions_def=tenants,
+    backfill_policy=dg.BackfillPolicy.single_run(),
+    deps=[
+        get_asset_key_for_model([dbt_holdout_summary], HOLDOUT_SUMMARY_MODEL),
+        get_asset_key_for_model([dbt_tenant_models], "int_orders__purchases"),
+        holdout_predictions,
+    ],
+    group_name="marts",
+    kinds={"python", "scipy", "postgres"},
+    metadata={"dagster/table_name": "analytics_python.clv_scorecard"},
+    check_specs=[
+        dg.AssetCheckSpec(
+            CHECK_NAME,
+            asset="clv_scorecard",
+            description="The CLV model predicts the holdout better than the naive baseline"
+            " (warns, per tenant of the run, when it does not, or when the holdout's fit was"
+            " missing and the tenant was not scored).",
+        )
+    ],
+)
+def clv_scorecard(
+    context: dg.AssetExecutionContext, warehouse: WarehouseResource
+) -> dg.MaterializeResult:
+    holdout_end = date.fromisoformat(as_of_day(refresh_started(context)))
+    with warehouse.connect() as reader, warehouse.connect() as writer:
+        scored, unfitted = score_tenants(reader, writer, run_tenants(context), holdout_end)
+    failing = [tenant_id for tenant_id, _, card in scored if not card.beats_baseline]
+    check = dg.AssetCheckResult(
+        check_name=CHECK_NAME,
+        passed=not failing and not unfitted,
+        severity=dg.AssetCheckSeverity.WARN,
+        metadata={
+            "tenants_scored": len(scored),
+            "not_better_than_baseline": _listed(failing),
+            "not_scored_without_holdout_fit": _listed(unfitted),
+        },
+    )
+    metadata: dict = {"tenants": dg.MetadataValue.md(_tenants_table(scored))}
+    if len(scored) == 1:
+        _, calibration_date, card = scored[0]
+        metadata.update(_figures(card))
+        metadata["calibration_date"] = calibration_date.isoformat()
+        metadata["deciles"] = dg.MetadataValue.md(_deciles_table(card))
+    return dg.MaterializeResult(metadata=metadata, check_results=[check])

@@ -1,5 +1,5 @@
 """Analytics runs as soon as a tenant's sources are fresh, through declarative automation
-(after the orders feed's drains: `feed_changes.py`).
+(after the orders feed's drains: `feed_changes_sensor`, sensors.py).
 
 Dagster's `eager()` waits for every upstream partition, and a tenant's models depend on all
 its order months, most of which a tenant never loads (history before its start): eager
@@ -33,17 +33,3 @@ ANALYTICS_AUTOMATION = (
     & ~dg.AutomationCondition.any_deps_match(_absent).ignore(_NOT_PER_TENANT)
     & ~dg.AutomationCondition.any_deps_match(dg.AutomationCondition.execution_failed())
 ).with_label("sources fresh and complete")
-
-ANALYTICS_GROUPS = ("staging", "intermediate", "marts", "audiences")
-
-analytics_automation_sensor = dg.AutomationConditionSensorDefinition(
-    "analytics_automation_sensor",
-    target=dg.AssetSelection.groups(*ANALYTICS_GROUPS),
-    default_status=dg.DefaultSensorStatus.RUNNING,
-    minimum_interval_seconds=60,
-    description="Every minute, requests the analytics of each tenant whose sources are fresh and"
-    " complete: its dbt models, CLV fit and churn scoring run once a source was updated since"
-    " they last ran, nothing upstream is running or failed, and its catalog and customers"
-    " exist (order months may be missing: history not loaded). The weekly churn holdout is"
-    " left to its schedule.",
-)

@@ -1,25 +1,25 @@
 import dagster as dg
 
 from cdp_assets.analytics.assets import (
+    clv_scorecard,
+    customer_predictions,
     dbt_audiences,
     dbt_churn_holdout,
     dbt_holdout_summary,
     dbt_tenant_models,
     dbt_tenant_scoring,
+    holdout_predictions,
 )
-from cdp_assets.analytics.automation import analytics_automation_sensor
 from cdp_assets.analytics.checks import audience_sizes_within_bounds
-from cdp_assets.analytics.clv_scorecard_asset import clv_scorecard
 from cdp_assets.analytics.dbt_project import dbt_resource
-from cdp_assets.analytics.feed_changes import feed_changes_sensor
 from cdp_assets.analytics.jobs import (
     analytics_tenant_refresh,
     audiences_refresh,
     churn_holdout_refresh,
     tenant_changes_refresh,
 )
-from cdp_assets.analytics.prediction_assets import customer_predictions, holdout_predictions
 from cdp_assets.analytics.schedules import audiences_every_48_hours, churn_holdout_weekly
+from cdp_assets.analytics.sensors import analytics_automation_sensor, feed_changes_sensor
 
 
 def defs() -> dg.Definitions:

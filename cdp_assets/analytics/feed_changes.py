@@ -1,7 +1,8 @@
-"""The chain from an order event to the audiences: after the orders feed's drains landed
-orders, one refresh of the tenants' analytics and audiences (their push follows from the
-audience-change sensor, activation/triggers.py). Bursts coalesce: a tenant's queued refresh
-absorbs new landings, a running one is followed by one more."""
+"""The chain from an order event to the audiences: the tenants whose orders the feed's drains
+landed, and the refreshes of their analytics and audiences that `feed_changes_sensor`
+(sensors.py) requests (their push follows from the audience-change sensor,
+activation/sensors.py). Bursts coalesce: a tenant's queued refresh absorbs new landings, a
+running one is followed by one more."""
 
 import json
 from collections.abc import Iterable, Sequence
@@ -9,14 +10,8 @@ from dataclasses import dataclass, field
 
 import dagster as dg
 
-from cdp_assets.analytics.jobs import (
-    CHANGES_JOB,
-    tenant_changes_refresh,
-    tenants_in_flight,
-)
-from cdp_assets.lib.warehouse import WarehouseResource
-from cdp_assets.tenants.runs import block_request, tenant_blocks, tenants_with_partitions
-from cdp_assets.vtex.feed_defs import TENANTS_LANDED, vtex_orders_feed
+from cdp_assets.tenants.runs import block_request, tenant_blocks
+from cdp_assets.vtex.assets import TENANTS_LANDED, vtex_orders_feed
 
 # Feed materializations read per query; a tick reads them all.
 EVENTS_PER_PAGE = 1000
@@ -86,30 +81,3 @@ def changes_requests(
     """One refresh per block of neighbouring due tenants (active, with a partition)."""
     concerned = [tenant for tenant in tenant_rows if tenant.tenant_id in due]
     return [block_request(block, run_key) for block in tenant_blocks(partition_order, concerned)]
-
-
-@dg.sensor(
-    job=tenant_changes_refresh,
-    minimum_interval_seconds=30,
-    default_status=dg.DefaultSensorStatus.RUNNING,
-    description="Every 30 seconds, after orders feed drains that landed orders: one refresh of"
-    " analytics and audiences per block of neighbouring tenants concerned. A tenant with a"
-    " refresh queued waits for it (it reads the new orders when it starts), one with a refresh"
-    " running gets the next when it ends: a burst of events is one refresh per tenant.",
-)
-def feed_changes_sensor(
-    context: dg.SensorEvaluationContext, warehouse: WarehouseResource
-) -> dg.SensorResult:
-    changes = FeedChanges.parse(context.cursor)
-    read_landings(context.instance, changes)
-    tenant_rows, order = tenants_with_partitions(context, warehouse)
-    queued, started = tenants_in_flight(context.instance, [CHANGES_JOB], order)
-    due, waiting = due_tenants(changes.pending, queued, started)
-    requests = changes_requests(due, tenant_rows, order, f"landed-{changes.after_storage_id}")
-    changes.pending = waiting
-    skip = None if requests else f"no landed orders await a refresh ({len(waiting)} running)"
-    return dg.SensorResult(
-        run_requests=requests,
-        cursor=changes.serialize(),
-        skip_reason=skip,
-    )

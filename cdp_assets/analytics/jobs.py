@@ -5,14 +5,15 @@ from collections.abc import Sequence
 import dagster as dg
 
 from cdp_assets.analytics.assets import (
+    clv_scorecard,
+    customer_predictions,
     dbt_audiences,
     dbt_churn_holdout,
     dbt_holdout_summary,
     dbt_tenant_models,
     dbt_tenant_scoring,
+    holdout_predictions,
 )
-from cdp_assets.analytics.clv_scorecard_asset import clv_scorecard
-from cdp_assets.analytics.prediction_assets import customer_predictions, holdout_predictions
 from cdp_assets.lib.run_bounds import run_bound
 from cdp_assets.partitions import RANGE_END_TAG, RANGE_START_TAG, TENANT_PARTITIONS, tenants
 from cdp_assets.tenants.runs import run_tenants_of

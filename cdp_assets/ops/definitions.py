@@ -1,12 +1,9 @@
 import dagster as dg
 
-from cdp_assets.ops.maintenance import maintenance_job, maintenance_schedule
-from cdp_assets.ops.metrics_defs import (
-    OpsMetricsResource,
-    operations_metrics,
-    operations_metrics_job,
-    operations_metrics_schedule,
-)
+from cdp_assets.ops.assets import operations_metrics
+from cdp_assets.ops.jobs import maintenance_job, operations_metrics_job
+from cdp_assets.ops.resources import OpsMetricsResource
+from cdp_assets.ops.schedules import maintenance_schedule, operations_metrics_schedule
 from cdp_assets.ops.sensors import sync_errors_sensor
 
 

@@ -1,6 +1,6 @@
 """Maintenance: records past their retention are deleted, and the planner's statistics of the
-big tables refreshed. A daily job runs it; `cdp maintenance --dry-run` says what it would
-remove.
+big tables refreshed. The nightly `maintenance_job` (ops/jobs.py) runs it; `cdp maintenance
+--dry-run` says what it would remove.
 
 Each kind of record is kept for its number of days (its setting CDP_RETENTION_<NAME>_DAYS,
 declared with its default in cdp_assets/lib/settings.py), counted from when it was last
@@ -20,9 +20,7 @@ import psycopg
 from psycopg import sql
 
 from cdp_assets.lib import settings
-from cdp_assets.lib.run_bounds import HOUR, MAX_RUNTIME_TAG
-from cdp_assets.lib.warehouse import WarehouseResource, migrated_url
-from cdp_assets.partitions import TIMEZONE
+from cdp_assets.lib.warehouse import migrated_url
 
 
 @dataclass(frozen=True)
@@ -158,36 +156,6 @@ def run_maintenance(
             conn.execute(sql.SQL("ANALYZE {}").format(sql.Identifier(*table.split("."))))
         conn.commit()
     return pruned
-
-
-MAINTENANCE_JOB = "maintenance_job"
-
-
-@dg.op
-def prune_and_analyze(context: dg.OpExecutionContext, warehouse: WarehouseResource) -> None:
-    """Records past their retention deleted, planner statistics refreshed."""
-    with warehouse.connect() as conn:
-        pruned = run_maintenance(conn, context.instance)
-    for item in pruned:
-        context.log.info(f"{item.name}: {item.rows} removed (older than {item.days} days)")
-
-
-# A night's deletions take minutes; a run stuck past an hour is canceled.
-@dg.job(name=MAINTENANCE_JOB, tags={MAX_RUNTIME_TAG: str(HOUR)})
-def maintenance_job() -> None:
-    prune_and_analyze()
-
-
-# At night in the stores' time zone, away from the 06:00 and 18:00 order syncs.
-maintenance_schedule = dg.ScheduleDefinition(
-    job=maintenance_job,
-    cron_schedule="30 3 * * *",
-    execution_timezone=TIMEZONE,
-    default_status=dg.DefaultScheduleStatus.RUNNING,
-    description="Every night at 03:30: deletes the records past their retention (rejects,"
-    " unreadable orders, activation history, sync errors, metric states, Dagster runs that"
-    " materialized nothing) and refreshes the planner's statistics of the big tables.",
-)
 
 
 def report_maintenance(dry_run: bool) -> None:

@@ -18,7 +18,7 @@ which the asset plots, naming the worst tenants beside it.
 
 The figures are pure functions of run, step and API samples (`evaluate`), so tests feed them
 synthetic histories; `collect_history` reads the samples from an instance, and
-`collect_metrics` does both. The `operations_metrics` asset (metrics_defs.py) and `cdp status`
+`collect_metrics` does both. The `operations_metrics` asset (ops/assets.py) and `cdp status`
 both report `collect_metrics`.
 """
 

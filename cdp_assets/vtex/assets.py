@@ -1,6 +1,9 @@
-"""VTEX documents landed raw in Postgres, one partition per tenant (orders: per month too)."""
+"""VTEX documents landed raw in Postgres, one partition per tenant (orders: per month too),
+and the orders feed drained per tenant, the tenants of a block in one run."""
 
 from collections import defaultdict
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from datetime import UTC, date, datetime, timedelta
 
@@ -24,6 +27,7 @@ from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.partitions import order_months, tenant_months, tenants
 from cdp_assets.tenants.registry import Tenant, get_tenant, vtex_orders_available_from
 from cdp_assets.vtex.client import VtexClient, VtexRequestFailed
+from cdp_assets.vtex.feed import MAX_LOTS_PER_RUN, FeedDrain, drain_feed
 from cdp_assets.vtex.resources import VtexResource
 from cdp_assets.vtex.sync import (
     CUSTOMERS,
@@ -40,6 +44,8 @@ from cdp_assets.vtex.sync import (
 # previous sync saw too early (VTEX's list index lags by minutes).
 OVERLAP = timedelta(hours=48)
 GROUP = "vtex"
+# The drain's metadata naming the tenants whose orders it changed.
+TENANTS_LANDED = "tenants_landed"
 
 
 class OrdersSyncConfig(dg.Config):
@@ -50,6 +56,17 @@ class OrdersSyncConfig(dg.Config):
 class CustomersSyncConfig(dg.Config):
     full_refresh: bool = False
     """Scroll every CL document instead of those updated since the cursor minus 48 h."""
+
+
+# Tenants of a block drained at once, each on its own connection and client: a drain spends
+# its time waiting on VTEX and Postgres, its feed reads one after another (each read returns
+# the next lot), so one tenant at a time left a block's run mostly idle.
+FEED_TENANTS_AT_ONCE = 4
+
+
+class FeedDrainConfig(dg.Config):
+    max_lots: int = MAX_LOTS_PER_RUN
+    """Feed reads (up to 10 events each) in this run; the next run continues a longer queue."""
 
 
 def _retry(context: dg.AssetExecutionContext, vtex: VtexResource) -> AbstractContextManager[None]:
@@ -298,3 +315,102 @@ def vtex_customers(
         with conn.transaction():
             set_cursor(conn, tenant_id, CUSTOMERS.name, started, context.run.run_id)
     return dg.MaterializeResult(metadata={**landing.metadata(), "incremental": since is not None})
+
+
+@dg.asset(
+    group_name=GROUP,
+    partitions_def=tenants,
+    # Every tenant of a block in one run: a run's start costs more than a minute's drain.
+    backfill_policy=dg.BackfillPolicy.single_run(),
+    pool=VTEX_API_POOL,
+    kinds={"python", "postgres"},
+    metadata={"dagster/table_name": "raw_vtex.orders"},
+    tags={"domain": "orders"},
+)
+def vtex_orders_feed(
+    context: dg.AssetExecutionContext,
+    config: FeedDrainConfig,
+    warehouse: WarehouseResource,
+    vtex: VtexResource,
+) -> Iterator[dg.AssetMaterialization | dg.MaterializeResult]:
+    """Orders changed since the last drain, from the tenants' VTEX orders feed (v3): each event's
+    order is re-read with Get order and upserted into raw_vtex.orders, and the events are
+    committed on VTEX only once the rows are. Malformed events are quarantined; an order that
+    cannot be read keeps its events queued, then is re-read by id by the next drains
+    (raw_vtex.orders_to_reread). Turned on per tenant with `cdp tenants feed`. A run over a
+    block of tenants drains each in turn; one tenant's failure leaves the others drained and
+    recorded, and fails the run naming it."""
+    tenant_ids = sorted(context.partition_keys)
+    pool = ThreadPoolExecutor(FEED_TENANTS_AT_ONCE, thread_name_prefix="feed")
+    try:
+        outcomes = dict(
+            zip(
+                tenant_ids,
+                pool.map(
+                    lambda tenant_id: _drain_tenant(
+                        warehouse, vtex, tenant_id, context.run.run_id, config.max_lots
+                    ),
+                    tenant_ids,
+                ),
+                strict=True,
+            )
+        )
+    finally:
+        # An interrupted run starts no further drain; those under way end their round.
+        pool.shutdown(wait=True, cancel_futures=True)
+    drains = {t: outcome for t, outcome in outcomes.items() if isinstance(outcome, FeedDrain)}
+    failed = {t: outcome for t, outcome in outcomes.items() if isinstance(outcome, str)}
+    for tenant_id, drain in drains.items():
+        if drain.recreated:
+            context.log.warning(
+                f"{tenant_id}: VTEX had deleted the orders feed (no event for a whole retention"
+                " period); recreated it. Changes made meanwhile arrive with the List sync."
+            )
+    if failed:
+        # The run fails, naming the failed tenants, but the tenants drained still record their
+        # drains: the refresh after the feed (analytics/feed_changes.py) follows these
+        # materializations, and their events are committed on VTEX already, so no later drain
+        # would announce the orders they landed. A failed tenant's events stay queued.
+        for tenant_id, drain in drains.items():
+            yield dg.AssetMaterialization(
+                context.asset_key, partition=tenant_id, metadata=drains_metadata({tenant_id: drain})
+            )
+        reasons = "; ".join(f"{tenant_id}: {reason}" for tenant_id, reason in failed.items())
+        raise dg.Failure(
+            f"the orders feed could not be drained for {reasons}",
+            metadata={"tenants_failed": dg.MetadataValue.json(sorted(failed))},
+        )
+    yield dg.MaterializeResult(metadata=drains_metadata(drains))
+
+
+def _drain_tenant(
+    warehouse: WarehouseResource, vtex: VtexResource, tenant_id: str, run_id: str, max_lots: int
+) -> FeedDrain | str:
+    """A tenant's drain, or why it failed (reported once the block's other tenants are done)."""
+    try:
+        with warehouse.connect() as conn:
+            client = vtex.client_for(get_tenant(conn, tenant_id))
+            return drain_feed(conn, client, tenant_id, run_id, max_lots=max_lots)
+    except Exception as error:  # noqa: BLE001 (the run fails naming it, after the others)
+        return f"{type(error).__name__}: {str(error)[:300]}"
+
+
+def drains_metadata(drains: dict[str, FeedDrain]) -> dict:
+    """One drain's metadata; for several, their counts added up (the oldest event's age: the
+    oldest of them). `tenants_landed` names the tenants whose drain changed rows: what the
+    refresh after the feed reads (each tenant of a run records the same metadata)."""
+    totals: dict = {}
+    for drain in drains.values():
+        for key, value in drain.metadata().items():
+            if key == "feed_oldest_event_age_seconds":
+                totals[key] = max(totals.get(key, 0), value)
+            elif isinstance(value, bool):
+                totals[key] = totals.get(key, False) or value
+            else:
+                totals[key] = totals.get(key, 0) + value
+    landed = sorted(
+        tenant_id
+        for tenant_id, drain in drains.items()
+        if drain.landing.counts.inserted or drain.landing.counts.updated
+    )
+    return {**totals, TENANTS_LANDED: dg.MetadataValue.json(landed)}

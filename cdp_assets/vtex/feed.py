@@ -2,7 +2,12 @@
 
 An event only says that an order changed: the order is re-read with Get order and landed by
 the List sync's upsert and quarantine, so duplicated, out-of-order and replayed events all
-converge to the same rows. Handles go back to VTEX only after the rows are committed in
+converge to the same rows. An order landed with a change stamp (`lastChange`) later than the
+event's `currentChange`, or equal to it and in the event's status, already holds that change
+(the List sync, which reads every recent order, read it after the change) and is not read
+again.
+
+Handles go back to VTEX only after the rows are committed in
 Postgres; a crash in between makes VTEX show the events again after the visibility timeout,
 and landing them again changes nothing.
 
@@ -37,7 +42,7 @@ from cdp_assets.vtex.client import (
     VtexRequestFailed,
     naming_tenant,
 )
-from cdp_assets.vtex.records import MAX_KEY, InvalidRecord, order_row, reject
+from cdp_assets.vtex.records import MAX_KEY, InvalidRecord, order_row, parse_timestamp, reject
 from cdp_assets.vtex.sync import ORDERS, Landing, land
 
 # 1,000 events per run; a longer backlog continues on the sensor's next tick.
@@ -90,6 +95,7 @@ class FeedDrain:
     events: int = 0
     duplicate_events: int = 0  # deliveries of an event already delivered in the same round
     orders: int = 0  # Get order calls: distinct orders per round
+    orders_current: int = 0  # orders whose landed copy already held the events' change
     handles_committed: int = 0
     malformed_events: int = 0  # quarantined, and committed when they had a handle
     orders_unreadable: int = 0  # reads of an order that failed (404, unparseable, failing)
@@ -110,6 +116,7 @@ class FeedDrain:
             "feed_events": self.events,
             "feed_duplicate_events": self.duplicate_events,
             "orders_fetched": self.orders,
+            "orders_already_current": self.orders_current,
             "handles_committed": self.handles_committed,
             "feed_malformed_events": self.malformed_events,
             "orders_unreadable": self.orders_unreadable,
@@ -238,6 +245,10 @@ class _Event:
     key: str  # the eventId, or the handle of an event without one
     handle: str
     order_id: str
+    # The status the order moved to, and when: None when the event does not say (the order is
+    # then read whatever was landed).
+    state: str | None
+    changed_at: datetime | None
 
 
 @dataclass(frozen=True)
@@ -266,10 +277,57 @@ def _event(delivery: Any) -> _Event | _Malformed:
         problem = f"has no usable orderId (got {str(order_id)[:40]!r})"
     else:
         event_id = fields.get("eventId")
-        return _Event(event_id if isinstance(event_id, str) else handle, handle, order_id)
+        state = fields.get("state")
+        return _Event(
+            event_id if isinstance(event_id, str) else handle,
+            handle,
+            order_id,
+            state if isinstance(state, str) and state else None,
+            _instant(fields.get("currentChange")),
+        )
     key = order_id if isinstance(order_id, str) else None
     raw = orjson.dumps(delivery).decode()
     return _Malformed(Reject(key, f"feed event {problem}", raw), handle)
+
+
+def _instant(value: Any) -> datetime | None:
+    try:
+        return parse_timestamp(value, "currentChange")
+    except InvalidRecord:
+        return None
+
+
+def _already_landed(conn: psycopg.Connection, tenant_id: str, events: Sequence[_Event]) -> set[str]:
+    """The orders whose landed copy already holds the newest change these events announce:
+    stamped after it, or at it and in its status. An order with an event that does not say
+    its status or time is read."""
+    newest: dict[str, tuple[datetime, str]] = {}
+    unknown: set[str] = set()
+    for event in events:
+        if event.state is None or event.changed_at is None:
+            unknown.add(event.order_id)
+        elif event.order_id not in newest or event.changed_at > newest[event.order_id][0]:
+            newest[event.order_id] = (event.changed_at, event.state)
+    candidates = {o: change for o, change in newest.items() if o not in unknown}
+    if not candidates:
+        return set()
+    rows = conn.execute(
+        """
+        SELECT o.order_id
+          FROM unnest(%s::text[], %s::text[], %s::timestamptz[]) AS e (order_id, state, changed_at)
+          JOIN raw_vtex.orders o ON o.tenant_id = %s AND o.order_id = e.order_id
+         WHERE o.change_stamp > e.changed_at
+            OR (o.change_stamp = e.changed_at
+                AND coalesce(o.summary->>'status', o.payload->>'status') = e.state)
+        """,
+        (
+            list(candidates),
+            [state for _, state in candidates.values()],
+            [changed_at for changed_at, _ in candidates.values()],
+            tenant_id,
+        ),
+    )
+    return {order_id for (order_id,) in rows}
 
 
 def _read_round(
@@ -380,7 +438,8 @@ def _land_round(
     events = [d for d in deliveries if isinstance(d, _Event)]
     malformed = [d for d in deliveries if isinstance(d, _Malformed)]
     record_rejects(conn, tenant_id, FEED_REJECTS, [m.reject for m in malformed], run_id)
-    order_ids = sorted({event.order_id for event in events})
+    current = _already_landed(conn, tenant_id, events)
+    order_ids = sorted({event.order_id for event in events} - current)
     unreadable, given_up = _read_orders(conn, client, tenant_id, run_id, order_ids, drain)
     # Events of an order not read yet come back after the visibility timeout, until the last
     # attempt; from then on the re-reads by id stand in for them.
@@ -392,6 +451,7 @@ def _land_round(
     drain.duplicate_events += len(events) - len({event.key for event in events})
     drain.malformed_events += len(malformed)
     drain.orders += len(order_ids)
+    drain.orders_current += len(current)
     drain.handles_committed += len(handles)
     if unreadable and len(unreadable) == len(order_ids) and all(u.failing for u in unreadable):
         # Not one order: VTEX itself. The run fails loudly; the events come back.

@@ -19,7 +19,7 @@ import numpy as np
 import psycopg
 
 from cdp_assets.analytics import clv
-from cdp_assets.analytics.prediction_assets import SUMMARY_MODEL, read_fit_inputs
+from cdp_assets.analytics.prediction_refresh import SUMMARY_MODEL, read_fit_inputs
 
 BGNBD = ("r", "alpha", "a", "b")
 GAMMA_GAMMA = ("p", "q", "gamma")

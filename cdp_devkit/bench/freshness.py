@@ -37,7 +37,7 @@ from typing import Any
 import dagster as dg
 
 from cdp_assets.activation.meta.assets import meta_custom_audiences
-from cdp_assets.activation.triggers import changed_audiences
+from cdp_assets.activation.push_requests import changed_audiences
 from cdp_assets.lib.database import cdp_home
 from cdp_devkit.bench.environment import Bench
 from cdp_devkit.bench.measure import StageResult, consistency_check, stage

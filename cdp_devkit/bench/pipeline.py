@@ -17,8 +17,9 @@ import requests
 
 from cdp_assets.activation.destinations import Destination, add_audience, add_destination
 from cdp_assets.activation.google.assets import google_customer_match
+from cdp_assets.activation.jobs import activation_push
 from cdp_assets.activation.meta.assets import meta_custom_audiences
-from cdp_assets.activation.triggers import activation_push, change_requests, changed_audiences
+from cdp_assets.activation.push_requests import change_requests, changed_audiences
 from cdp_assets.activation.vtex_masterdata.assets import vtex_masterdata_fields
 from cdp_assets.activation.vtex_masterdata.writeback import AUDIENCE as MASTERDATA_AUDIENCE
 from cdp_assets.activation.vtex_masterdata.writeback import DEFAULT_FIELDS, DEFAULT_UPDATED_AT_FIELD
@@ -33,14 +34,15 @@ from cdp_assets.partitions import (
 from cdp_assets.tenants.registry import list_tenants
 from cdp_assets.tenants.runs import block_request, tenant_blocks
 from cdp_assets.vtex.client import CATALOG_WINDOW
-from cdp_assets.vtex.feed import FeedSettings, turn_feed_on
-from cdp_assets.vtex.feed_defs import FEED_SYNC_JOB
-from cdp_assets.vtex.jobs import ORDERS_SYNC_JOB, TENANT_SYNC_JOB
+from cdp_assets.vtex.feed import FeedSettings, enabled_feeds, turn_feed_on
+from cdp_assets.vtex.jobs import FEED_SYNC_JOB, ORDERS_SYNC_JOB, TENANT_SYNC_JOB
 from cdp_assets.vtex.resources import VtexResource
 from cdp_assets.vtex.schedules import order_sync_requests
+from cdp_assets.vtex.sensors import feed_block_requests, feed_run_requests
 from cdp_devkit.bench import clv_compare
 from cdp_devkit.bench.environment import (
     DBT_DURATION,
+    GOOGLE_PROCESSING_SECONDS,
     META_TOKEN_REF,
     Bench,
     RunRecord,
@@ -487,13 +489,61 @@ def _push(bench: Bench, platform: str, run_config: dict[str, Any] | None = None)
     asset = [ACTIVATION_ASSET[platform]]
     totals = {
         name: int(sum(run.total(name, asset) for run in runs))
-        for name in ("desired", "added", "removed", "unchanged", "rejected", "requests")
+        for name in ("desired", "added", "removed", "unchanged", "rejected", "pending", "requests")
     }
     return {"seconds": round(seconds, 3), **totals, **_runs_summary(runs)}
 
 
+# A platform that processes what it acknowledged (Data Manager) confirms it by the sync after its
+# verdict; a push that still finds requests pending reads them again. More pushes than this
+# means the verdicts never come.
+SETTLING_PUSHES = 20
+# Per platform, the requests its first push sent and how long each waited for its verdict:
+# from the acknowledgement (sent_at) to the sync that read the verdict (settled_at).
+VERDICT_LATENCY_SQL = """
+SELECT count(*),
+       count(*) FILTER (WHERE r.status = 'pending'),
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM r.settled_at - r.sent_at)),
+       max(extract(epoch FROM r.settled_at - r.sent_at))
+  FROM cdp.destination_requests r
+  JOIN cdp.destinations d USING (destination_id)
+ WHERE d.platform = %s
+"""
+
+
+def _settle(bench: Bench, platform: str, first: dict[str, Any]) -> dict[str, Any] | None:
+    """The pushes that read the platform's verdicts on the first push and confirm its members,
+    until none is pending; None for a platform that confirms on acknowledgement."""
+    if not first["pending"]:
+        return None
+    pushes: list[dict[str, Any]] = []
+    while not pushes or pushes[-1]["pending"]:
+        if len(pushes) == SETTLING_PUSHES:
+            raise RuntimeError(
+                f"{platform}: {pushes[-1]['pending']:,} members still await the platform's"
+                f" verdict after {SETTLING_PUSHES} pushes"
+            )
+        pushes.append(_push(bench, platform))
+    with bench.connect() as conn:
+        requests_sent, still_pending, p50, latest = conn.execute(
+            VERDICT_LATENCY_SQL, (platform,)
+        ).fetchone()
+    return {
+        "pushes": len(pushes),
+        "seconds": round(sum(push["seconds"] for push in pushes), 3),
+        "confirmed": first["pending"] - pushes[-1]["pending"],
+        "requests": requests_sent,
+        "requests_pending": still_pending,
+        "verdict_latency_p50_seconds": round(float(p50 or 0), 3),
+        "verdict_latency_max_seconds": round(float(latest or 0), 3),
+        "sandbox_processing_seconds": GOOGLE_PROCESSING_SECONDS,
+    }
+
+
 def run_activation(bench: Bench) -> StageResult:
-    """First push and an unchanged re-sync of every tenant's audiences, per destination."""
+    """Per destination: the first push of every tenant's audiences; where the platform gives
+    its verdict later (Data Manager), the pushes that read it and confirm the members, timed
+    apart with the requests' wait for it; then an unchanged re-sync, with nothing pending."""
     with bench.connect() as conn:
         chosen = _choose_audiences(bench, conn)
     platforms = _register_destinations(bench, chosen)
@@ -502,11 +552,20 @@ def run_activation(bench: Bench) -> StageResult:
     with _stage(bench, "activation") as result:
         for platform in platforms:
             first = _push(bench, platform)
+            settling = _settle(bench, platform, first)
             resync = _push(bench, platform)
             pushes[platform] = {"first_push": first, "unchanged_resync": resync}
+            settled = ""
+            if settling is not None:
+                pushes[platform]["settling"] = settling
+                settled = (
+                    f", {settling['confirmed']:,} confirmed by the verdicts in"
+                    f" {settling['seconds']:.1f} s (a request waited"
+                    f" {settling['verdict_latency_max_seconds']:.1f} s at most)"
+                )
             bench.echo(
-                f"  activation {platform}: {first['added']:,} members in {first['seconds']:.1f} s,"
-                f" re-sync {resync['seconds']:.1f} s"
+                f"  activation {platform}: {first['added']:,} members in {first['seconds']:.1f} s"
+                f"{settled}, unchanged re-sync {resync['seconds']:.1f} s"
             )
             consistency += [
                 consistency_check(
@@ -518,6 +577,11 @@ def run_activation(bench: Bench) -> StageResult:
                     f"{platform}: unchanged re-sync sends nothing",
                     0,
                     resync["added"] + resync["removed"],
+                ),
+                consistency_check(
+                    f"{platform}: members awaiting a verdict after the re-sync",
+                    0,
+                    resync["pending"],
                 ),
             ]
         result.records = sum(p["first_push"]["added"] for p in pushes.values())
@@ -677,12 +741,20 @@ def turn_feeds_on(bench: Bench) -> None:
 
 
 def _drain_feeds(bench: Bench) -> list[RunRecord]:
-    """Drain runs over every tenant (one run, as the feed sensor requests neighbours) until
-    one finds no event: a run reads at most MAX_LOTS_PER_RUN lots of each feed."""
+    """What the feed sensor requests, tick after tick, until it requests nothing: a run per
+    block of the tenants due (every tenant at first, then those whose last drain found events:
+    a run reads at most MAX_LOTS_PER_RUN lots of each feed)."""
+    partition_order = bench.instance.get_dynamic_partitions(tenants.name)
     runs: list[RunRecord] = []
-    while not runs or runs[-1].total("feed_events") > 0:
-        runs.append(bench.runner.run(_all_tenants_run(bench, FEED_SYNC_JOB)))
-    return runs
+    while True:
+        with bench.connect() as conn:
+            feeds = enabled_feeds(conn)
+        now = datetime.now(UTC)
+        due = feed_run_requests(feeds, set(partition_order), set(), now)
+        requests = feed_block_requests(due, feeds, partition_order, now)
+        if not requests:
+            return runs
+        runs += bench.runner.run_all([_as_run(FEED_SYNC_JOB, request) for request in requests])
 
 
 def run_increment(bench: Bench) -> StageResult:

@@ -377,16 +377,32 @@ def _details_section(report: dict[str, Any]) -> list[str]:
     if activation:
         lines += [
             "",
-            "**Activation** (all tenants, one run per tenant and destination):",
+            "**Activation** (all tenants, one run per block of tenants and destination). Where"
+            " the platform gives its verdict after acknowledging (Data Manager), the pushes that"
+            " read the verdicts and confirm the members are timed apart, with each request's"
+            " wait from its acknowledgement to the push that read its verdict (the sandbox"
+            " processing it after the delay shown); the unchanged re-sync follows them:",
             "",
-            "| destination | first push s | members added | requests | re-sync s | unchanged |",
-            "|---|---:|---:|---:|---:|---:|",
+            "| destination | first push s | members added | requests | verdict pushes s"
+            " | members confirmed | request wait p50 / max s | sandbox delay s | re-sync s"
+            " | unchanged |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for platform, pushes in activation["destinations"].items():
             first, resync = pushes["first_push"], pushes["unchanged_resync"]
+            settling = pushes.get("settling")
+            verdicts = (
+                f"{_n(settling['seconds'], 2)} ({settling['pushes']})"
+                f" | {_n(settling['confirmed'])}"
+                f" | {_n(settling['verdict_latency_p50_seconds'], 2)}"
+                f" / {_n(settling['verdict_latency_max_seconds'], 2)}"
+                f" | {_n(settling['sandbox_processing_seconds'], 1)}"
+                if settling
+                else "- | - | - | -"
+            )
             lines.append(
                 f"| {platform} | {_n(first['seconds'], 2)} | {_n(first['added'])}"
-                f" | {_n(first['requests'])} | {_n(resync['seconds'], 2)}"
+                f" | {_n(first['requests'])} | {verdicts} | {_n(resync['seconds'], 2)}"
                 f" | {_n(resync['unchanged'])} |"
             )
     lines += _masterdata_sentence(stages.get("masterdata"))
@@ -650,6 +666,8 @@ def _chart_bars(report: dict[str, Any]) -> list[tuple[str, float, float | None]]
     for platform, pushes in stages.get("activation", {}).get("destinations", {}).items():
         limit = 30 if whole and platform == "meta" else None
         bars.append((f"{platform} first push", pushes["first_push"]["seconds"], limit))
+        if "settling" in pushes:
+            bars.append((f"{platform} verdicts", pushes["settling"]["seconds"], None))
         bars.append((f"{platform} re-sync", pushes["unchanged_resync"]["seconds"], None))
     if "masterdata" in stages:
         masterdata = stages["masterdata"]

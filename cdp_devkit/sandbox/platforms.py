@@ -39,7 +39,9 @@ def serve(config: Mapping[str, Any], commands: IO[str], replies: IO[str]) -> Non
         if config["google"]:
             from cdp_devkit.sandbox.google.sandbox import GoogleSandbox
 
-            google = stack.enter_context(GoogleSandbox())
+            google = stack.enter_context(
+                GoogleSandbox(processing_seconds=config["google_processing_seconds"])
+            )
         addresses = {
             "meta_graph_url": meta.graph_url,
             "google_address": google.address if google else None,
@@ -58,12 +60,19 @@ def serve(config: Mapping[str, Any], commands: IO[str], replies: IO[str]) -> Non
 
 class PlatformSandboxes:
     """Runs the Meta sandbox (accepting ``meta_tokens``: token -> ad account ids) and, with
-    ``google``, the Google sandbox in a subprocess; a context manager."""
+    ``google``, the Google sandbox in a subprocess, its Data Manager processing a request
+    ``google_processing_seconds`` after acknowledging it; a context manager."""
 
-    def __init__(self, meta_tokens: Mapping[str, Sequence[str]], google: bool) -> None:
+    def __init__(
+        self,
+        meta_tokens: Mapping[str, Sequence[str]],
+        google: bool,
+        google_processing_seconds: float,
+    ) -> None:
         self.config = {
             "meta_tokens": {token: list(accounts) for token, accounts in meta_tokens.items()},
             "google": google,
+            "google_processing_seconds": google_processing_seconds,
         }
         self.meta_graph_url = ""
         self.google_address: str | None = None

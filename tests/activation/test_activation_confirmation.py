@@ -12,25 +12,20 @@ import psycopg
 import pytest
 from click.testing import CliRunner
 from support.activation import (
+    GOOGLE_TOKEN_REF,
     activation_warehouse,
-    add_tenant_with_customers,
+    add_google_destination,
+    google_member_keys,
+    google_user_list,
     outcome,
-    register_destination,
+    push_to_google,
     runs,
     set_members,
 )
-from support.activation import push as push_activation
 
 from cdp_assets.activation.cli import destinations
-from cdp_assets.activation.destinations import Destination
-from cdp_assets.activation.google.assets import google_customer_match
-from cdp_assets.activation.google.resources import GoogleResource
 from cdp_assets.activation.identifiers import sha256_hex
-from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_devkit.sandbox.google.sandbox import GoogleSandbox
-
-CUSTOMER = "1234567890"
-TOKEN_REF = "GOOGLE_ADS_TEST_DEVELOPER_TOKEN"
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +38,7 @@ def url():
 def sandbox():
     """Google as it behaves: a request is processed, and a job runs, an hour after its
     acknowledgement, until a test lets the time pass."""
-    os.environ[TOKEN_REF] = "dev-token"
+    os.environ[GOOGLE_TOKEN_REF] = "dev-token"
     with GoogleSandbox(processing_seconds=3600, job_seconds=3600) as google:
         yield google
 
@@ -53,32 +48,6 @@ def no_faults(sandbox):
     sandbox.clear_faults()
     yield
     sandbox.clear_faults()
-
-
-def setup(url: str, tenant_id: str, platform: str, members, customers: int = 400) -> Destination:
-    destination = Destination(
-        f"{tenant_id}_google",
-        tenant_id,
-        platform,
-        CUSTOMER,
-        credential_refs={"developer_token": TOKEN_REF} if platform == "google_ads" else {},
-        ad_user_data_consent="GRANTED",
-        ad_personalization_consent="GRANTED",
-        min_audience_size=10,
-    )
-    with psycopg.connect(url) as conn:
-        add_tenant_with_customers(conn, tenant_id, customers)
-        set_members(conn, tenant_id, members)
-        register_destination(conn, destination)
-    return destination
-
-
-def push(instance, url, sandbox, tenant_id, **config):
-    resources = {
-        "warehouse": WarehouseResource(url=url),
-        "google": GoogleResource(sandbox_address=sandbox.address, retry_base_seconds=0.01),
-    }
-    return push_activation(google_customer_match, instance, tenant_id, resources, config)
 
 
 def state(url: str, destination_id: str) -> dict:
@@ -126,24 +95,11 @@ def runs_of(url, destination_id):
         ]
 
 
-def user_list(url: str, destination_id: str) -> str:
-    with psycopg.connect(url) as conn:
-        (name,) = conn.execute(
-            "SELECT platform_audience_id FROM cdp.destination_audiences WHERE destination_id = %s",
-            (destination_id,),
-        ).fetchone()
-    return name
-
-
-def expected_keys(numbers) -> set[str]:
-    return {"email:" + sha256_hex(f"cliente.{i}@exemplo.com.br") for i in numbers if i % 10 != 9}
-
-
 def test_data_manager_members_are_pending_until_google_confirms_them(
     instance, url, sandbox
 ) -> None:
-    setup(url, "c_dm", "google_data_manager", range(150))
-    first = outcome(push(instance, url, sandbox, "c_dm"))
+    add_google_destination(url, "c_dm", "google_data_manager", range(150), min_audience_size=10)
+    first = outcome(push_to_google(instance, url, sandbox, "c_dm"))
     assert (first["status"], first["added"], first["pending"]) == ("synced", 135, 135)
     assert state(url, "c_dm_google") == {
         "confirmed": 0,
@@ -160,34 +116,34 @@ def test_data_manager_members_are_pending_until_google_confirms_them(
 
     # Still processing: asked, not confirmed, and nothing sent twice.
     ingests = len(sandbox.requests("IngestAudienceMembers"))
-    second = outcome(push(instance, url, sandbox, "c_dm"))
+    second = outcome(push_to_google(instance, url, sandbox, "c_dm"))
     assert (second["added"], second["pending"]) == (0, 135)
     assert sandbox.requests("RetrieveRequestStatus")[-1].request["request_id"]
     assert len(sandbox.requests("IngestAudienceMembers")) == ingests
     assert state(url, "c_dm_google")["confirmed"] == 0
 
     sandbox.process_pending()
-    third = outcome(push(instance, url, sandbox, "c_dm"))
+    third = outcome(push_to_google(instance, url, sandbox, "c_dm"))
     assert (third["added"], third["pending"], third["rejected"]) == (0, 0, 0)
     settled = state(url, "c_dm_google")
     assert settled["confirmed"] == 135 and settled["pending"] == 0
     assert settled["requests"] == {"confirmed": 1} and settled["signature"] is not None
-    assert sandbox.members(user_list(url, "c_dm_google")) == expected_keys(range(150))
+    assert sandbox.members(google_user_list(url, "c_dm_google")) == google_member_keys(range(150))
 
 
 def test_records_failing_after_the_acknowledgement_are_rejected_and_sent_again(
     instance, url, sandbox
 ) -> None:
-    setup(url, "c_late", "google_data_manager", range(150))
+    add_google_destination(url, "c_late", "google_data_manager", range(150), min_audience_size=10)
     failing = sha256_hex("cliente.33@exemplo.com.br")
     sandbox.fail_in_processing([failing])
-    assert outcome(push(instance, url, sandbox, "c_late"))["pending"] == 135
+    assert outcome(push_to_google(instance, url, sandbox, "c_late"))["pending"] == 135
     sandbox.process_pending()
-    name = user_list(url, "c_late_google")
+    name = google_user_list(url, "c_late_google")
     assert "email:" + failing not in sandbox.members(name)
 
     ingests = len(sandbox.requests("IngestAudienceMembers"))
-    second = outcome(push(instance, url, sandbox, "c_late"))
+    second = outcome(push_to_google(instance, url, sandbox, "c_late"))
     # Google counts the failed record without naming it: the whole request is sent again.
     assert (second["rejected"], second["added"], second["pending"]) == (135, 135, 135)
     found = rejects(url, "c_late_google")
@@ -199,10 +155,10 @@ def test_records_failing_after_the_acknowledgement_are_rejected_and_sent_again(
 
     sandbox.clear_faults()
     sandbox.process_pending()
-    third = outcome(push(instance, url, sandbox, "c_late"))
+    third = outcome(push_to_google(instance, url, sandbox, "c_late"))
     assert (third["rejected"], third["pending"]) == (0, 0)
     assert state(url, "c_late_google")["confirmed"] == 135
-    assert sandbox.members(name) == expected_keys(range(150))
+    assert sandbox.members(name) == google_member_keys(range(150))
 
 
 @pytest.mark.parametrize("platform", ["google_data_manager", "google_ads"])
@@ -211,10 +167,12 @@ def test_a_full_replace_records_refused_members_as_rejected(
 ) -> None:
     tenant_id = f"c_replace_{platform[7:]}"
     destination_id = f"{tenant_id}_google"
-    setup(url, tenant_id, platform, range(120))
+    add_google_destination(url, tenant_id, platform, range(120), min_audience_size=10)
     refused = sha256_hex("cliente.5@exemplo.com.br")
     sandbox.refuse([refused])
-    result = outcome(push(instance, url, sandbox, tenant_id, full_replace=True, force=True))
+    result = outcome(
+        push_to_google(instance, url, sandbox, tenant_id, full_replace=True, force=True)
+    )
     assert (result["status"], result["added"], result["rejected"]) == ("synced", 107, 1)
     assert [(key, operation) for key, operation, _ in rejects(url, destination_id)] == [
         (f"{tenant_id}-5", "add")
@@ -234,7 +192,7 @@ def test_a_full_replace_records_refused_members_as_rejected(
     added = result["added"]
     for _ in range(8):  # until Google processed everything
         sandbox.process_pending()
-        again = outcome(push(instance, url, sandbox, tenant_id))
+        again = outcome(push_to_google(instance, url, sandbox, tenant_id))
         added += again["added"]
         if again["pending"] == 0:
             break
@@ -242,16 +200,18 @@ def test_a_full_replace_records_refused_members_as_rejected(
         rejects(url, destination_id),
         runs_of(url, destination_id),
     )
-    assert sandbox.members(user_list(url, destination_id)) == expected_keys(range(120))
+    assert sandbox.members(google_user_list(url, destination_id)) == google_member_keys(range(120))
 
 
 @pytest.mark.timeout(300)
 def test_a_google_ads_push_is_one_job_and_no_second_job_runs_beside_it(
     instance, url, sandbox
 ) -> None:
-    setup(url, "c_big", "google_ads", range(35_000), customers=35_000)
+    add_google_destination(
+        url, "c_big", "google_ads", range(35_000), customers=35_000, min_audience_size=10
+    )
     sandbox.clear_requests()
-    first = outcome(push(instance, url, sandbox, "c_big"))
+    first = outcome(push_to_google(instance, url, sandbox, "c_big"))
     assert (first["added"], first["pending"]) == (31_500, 31_500)
     assert len(sandbox.requests("CreateOfflineUserDataJob")) == 1
     adds = sandbox.requests("AddOfflineUserDataJobOperations")
@@ -262,7 +222,7 @@ def test_a_google_ads_push_is_one_job_and_no_second_job_runs_beside_it(
     # While the job runs, a change waits: no second job, no CONCURRENT_MODIFICATION.
     with psycopg.connect(url) as conn:
         set_members(conn, "c_big", range(34_900))
-    waiting = push(instance, url, sandbox, "c_big")
+    waiting = push_to_google(instance, url, sandbox, "c_big")
     assert waiting.success
     row = outcome(waiting)
     assert row["status"] == "skipped" and "is still running" in row["reason"]
@@ -271,7 +231,7 @@ def test_a_google_ads_push_is_one_job_and_no_second_job_runs_beside_it(
 
     for _ in range(3):  # until the job is done
         sandbox.process_pending()
-        done = outcome(push(instance, url, sandbox, "c_big"))
+        done = outcome(push_to_google(instance, url, sandbox, "c_big"))
         if done["status"] == "synced":
             break
     assert (done["status"], done["removed"]) == ("synced", 90)
@@ -281,9 +241,9 @@ def test_a_google_ads_push_is_one_job_and_no_second_job_runs_beside_it(
 
 
 def test_a_lost_google_ads_list_id_finds_the_list_by_name(instance, url, sandbox) -> None:
-    setup(url, "c_lost", "google_ads", range(120))
-    assert push(instance, url, sandbox, "c_lost").success
-    name = user_list(url, "c_lost_google")
+    add_google_destination(url, "c_lost", "google_ads", range(120), min_audience_size=10)
+    assert push_to_google(instance, url, sandbox, "c_lost").success
+    name = google_user_list(url, "c_lost_google")
     lists = len(sandbox.user_lists())
     with psycopg.connect(url) as conn:
         conn.execute(
@@ -292,20 +252,20 @@ def test_a_lost_google_ads_list_id_finds_the_list_by_name(instance, url, sandbox
         )
     for _ in range(4):  # until the first job is done
         sandbox.process_pending()
-        result = push(instance, url, sandbox, "c_lost")
+        result = push_to_google(instance, url, sandbox, "c_lost")
         assert result.success, outcome(result)["reason"]
         if outcome(result)["status"] == "synced":
             break
-    assert user_list(url, "c_lost_google") == name
+    assert google_user_list(url, "c_lost_google") == name
     assert len(sandbox.user_lists()) == lists
     assert all(c.code.name == "OK" for c in sandbox.requests("MutateUserLists"))
 
 
 def test_the_google_ads_daily_quota_fails_at_once_with_its_code(instance, url, sandbox) -> None:
-    setup(url, "c_daily", "google_ads", range(120))
+    add_google_destination(url, "c_daily", "google_ads", range(120), min_audience_size=10)
     sandbox.inject("CreateOfflineUserDataJob", "daily_quota", times=3)
     calls = len(sandbox.requests("CreateOfflineUserDataJob"))
-    result = push(instance, url, sandbox, "c_daily")
+    result = push_to_google(instance, url, sandbox, "c_daily")
     assert not result.success
     assert len(sandbox.requests("CreateOfflineUserDataJob")) == calls + 1
     with psycopg.connect(url) as conn:

@@ -8,7 +8,6 @@ import subprocess
 import sys
 import time
 
-import dagster as dg
 import psycopg
 import pytest
 from click.testing import CliRunner
@@ -16,10 +15,14 @@ from google.ads.googleads.v26.services.types.user_list_service import UserListOp
 from google.api_core import exceptions as gexc
 from google.rpc import error_details_pb2
 from support.activation import (
+    GOOGLE_CUSTOMER,
+    GOOGLE_TOKEN_REF,
     activation_warehouse,
-    add_tenant_with_customers,
+    add_google_destination,
+    google_member_keys,
+    google_user_list,
     outcome,
-    register_destination,
+    push_to_google,
     runs,
     set_members,
 )
@@ -35,9 +38,6 @@ from cdp_assets.activation.identifiers import sha256_hex
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_devkit.sandbox.google.sandbox import GoogleSandbox
 
-CUSTOMER = "1234567890"
-TOKEN_REF = "GOOGLE_ADS_TEST_DEVELOPER_TOKEN"
-
 
 @pytest.fixture(scope="module")
 def url():
@@ -47,7 +47,7 @@ def url():
 
 @pytest.fixture(scope="module")
 def sandbox():
-    os.environ[TOKEN_REF] = "dev-token"
+    os.environ[GOOGLE_TOKEN_REF] = "dev-token"
     with GoogleSandbox(job_seconds=0) as google:
         yield google
 
@@ -59,61 +59,21 @@ def no_faults(sandbox):
     sandbox.clear_faults()
 
 
-def setup(url: str, tenant_id: str, platform: str, members, **settings) -> Destination:
-    destination = Destination(
-        f"{tenant_id}_google",
-        tenant_id,
-        platform,
-        CUSTOMER,
-        credential_refs={"developer_token": TOKEN_REF} if platform == "google_ads" else {},
-        ad_user_data_consent="GRANTED",
-        ad_personalization_consent="GRANTED",
-        **settings,
-    )
-    with psycopg.connect(url) as conn:
-        add_tenant_with_customers(conn, tenant_id, 400)
-        set_members(conn, tenant_id, members)
-        register_destination(conn, destination)
-    return destination
-
-
-def push(instance, url, sandbox, tenant_id, **config) -> dg.ExecuteInProcessResult:
-    resources = {
-        "warehouse": WarehouseResource(url=url),
-        "google": GoogleResource(sandbox_address=sandbox.address, retry_base_seconds=0.01),
-    }
-    return push_activation(google_customer_match, instance, tenant_id, resources, config)
-
-
-def user_list(url: str, destination_id: str) -> str:
-    with psycopg.connect(url) as conn:
-        (name,) = conn.execute(
-            "SELECT platform_audience_id FROM cdp.destination_audiences WHERE destination_id = %s",
-            (destination_id,),
-        ).fetchone()
-    return name
-
-
 def held(sandbox: GoogleSandbox, name: str) -> set[str]:
     """The list's members once Google processed everything acknowledged so far."""
     sandbox.process_pending()
     return sandbox.members(name)
 
 
-def expected_keys(tenant_id: str, numbers) -> set[str]:
-    """The sandbox keys members by their hashed e-mail (Google's gmail rules do not apply)."""
-    return {"email:" + sha256_hex(f"cliente.{i}@exemplo.com.br") for i in numbers if i % 10 != 9}
-
-
 def test_data_manager_first_push_change_and_unchanged(instance, url, sandbox) -> None:
-    setup(url, "g_dm", "google_data_manager", range(300))
-    first = push(instance, url, sandbox, "g_dm")
+    add_google_destination(url, "g_dm", "google_data_manager", range(300))
+    first = push_to_google(instance, url, sandbox, "g_dm")
     assert first.success
     row = outcome(first)
     assert (row["status"], row["added"], row["unmatchable"]) == ("synced", 270, 30)
     assert row["pending"] == 270  # acknowledged, not yet processed by Google
-    name = user_list(url, "g_dm_google")
-    assert held(sandbox, name) == expected_keys("g_dm", range(300))
+    name = google_user_list(url, "g_dm_google")
+    assert held(sandbox, name) == google_member_keys(range(300))
     (ingest,) = sandbox.requests("IngestAudienceMembers")
     assert ingest.request["consent"] == {
         "ad_user_data": "CONSENT_GRANTED",
@@ -124,54 +84,54 @@ def test_data_manager_first_push_change_and_unchanged(instance, url, sandbox) ->
 
     with psycopg.connect(url) as conn:
         set_members(conn, "g_dm", range(50, 320))
-    second = outcome(push(instance, url, sandbox, "g_dm"))
+    second = outcome(push_to_google(instance, url, sandbox, "g_dm"))
     assert (second["removed"], second["added"]) == (45, 18)
     # The first request's verdict, read as the second push began.
     assert "upload_match_rate_range=MATCH_RATE_RANGE_71_TO_80" in second["match_info"]
-    assert held(sandbox, name) == expected_keys("g_dm", range(50, 320))
+    assert held(sandbox, name) == google_member_keys(range(50, 320))
     (removal,) = sandbox.requests("RemoveAudienceMembers")
     assert len(removal.request["audience_members"]) == 45
 
-    third = outcome(push(instance, url, sandbox, "g_dm"))
+    third = outcome(push_to_google(instance, url, sandbox, "g_dm"))
     assert (third["added"], third["removed"], third["unchanged"]) == (0, 0, 243)
     assert third["pending"] == 0
     calls = len(sandbox.requests())
-    fourth = outcome(push(instance, url, sandbox, "g_dm"))
+    fourth = outcome(push_to_google(instance, url, sandbox, "g_dm"))
     assert (fourth["added"], fourth["removed"], fourth["unchanged"]) == (0, 0, 243)
     assert sandbox.requests()[calls:] == []  # nothing pending, nothing to send: no call
 
 
 def test_data_manager_refused_members_are_set_aside_and_sent_again(instance, url, sandbox) -> None:
-    setup(url, "g_refused", "google_data_manager", range(150))
+    add_google_destination(url, "g_refused", "google_data_manager", range(150))
     refused = sha256_hex("cliente.33@exemplo.com.br")
     sandbox.refuse([refused])
-    first = outcome(push(instance, url, sandbox, "g_refused"))
+    first = outcome(push_to_google(instance, url, sandbox, "g_refused"))
     assert (first["added"], first["rejected"]) == (134, 1)
     ingests = sandbox.requests("IngestAudienceMembers")[-2:]
     assert [c.code.name for c in ingests] == ["INVALID_ARGUMENT", "OK"]
     assert len(ingests[1].request["audience_members"]) == 134  # the rest, re-sent at once
-    name = user_list(url, "g_refused_google")
+    name = google_user_list(url, "g_refused_google")
     assert "email:" + refused not in held(sandbox, name)
     sandbox.clear_faults()
-    second = outcome(push(instance, url, sandbox, "g_refused"))
+    second = outcome(push_to_google(instance, url, sandbox, "g_refused"))
     assert (second["added"], second["unchanged"]) == (1, 134)
-    assert held(sandbox, name) == expected_keys("g_refused", range(150))
+    assert held(sandbox, name) == google_member_keys(range(150))
 
 
 def test_data_manager_quota_errors_are_retried(instance, url, sandbox) -> None:
-    setup(url, "g_quota", "google_data_manager", range(150))
+    add_google_destination(url, "g_quota", "google_data_manager", range(150))
     sandbox.inject("IngestAudienceMembers", "quota", times=2)
-    result = push(instance, url, sandbox, "g_quota")
+    result = push_to_google(instance, url, sandbox, "g_quota")
     assert result.success
     codes = [c.code.name for c in sandbox.requests("IngestAudienceMembers")[-3:]]
     assert codes == ["RESOURCE_EXHAUSTED", "RESOURCE_EXHAUSTED", "OK"]
-    assert held(sandbox, user_list(url, "g_quota_google")) == expected_keys("g_quota", range(150))
+    assert held(sandbox, google_user_list(url, "g_quota_google")) == google_member_keys(range(150))
 
 
 def test_data_manager_daily_quota_fails_without_losing_state(instance, url, sandbox) -> None:
-    setup(url, "g_daily", "google_data_manager", range(150))
+    add_google_destination(url, "g_daily", "google_data_manager", range(150))
     sandbox.inject("IngestAudienceMembers", "daily_quota")
-    result = push(instance, url, sandbox, "g_daily")
+    result = push_to_google(instance, url, sandbox, "g_daily")
     assert not result.success
     with psycopg.connect(url) as conn:
         (history,) = runs(conn, "g_daily_google")
@@ -179,36 +139,36 @@ def test_data_manager_daily_quota_fails_without_losing_state(instance, url, sand
         assert conn.execute(
             "SELECT count(*) FROM cdp.destination_members WHERE destination_id = 'g_daily_google'"
         ).fetchone() == (0,)
-    assert push(instance, url, sandbox, "g_daily").success
+    assert push_to_google(instance, url, sandbox, "g_daily").success
 
 
 def test_data_manager_full_replace_keeps_re_sent_members(instance, url) -> None:
     hours_ago = [2.0]  # the sandbox's clock: the first push happens two hours earlier
     with GoogleSandbox(clock=lambda: time.time() - 3600 * hours_ago[0]) as sandbox:
-        setup(url, "g_replace", "google_data_manager", range(200))
-        assert push(instance, url, sandbox, "g_replace").success
+        add_google_destination(url, "g_replace", "google_data_manager", range(200))
+        assert push_to_google(instance, url, sandbox, "g_replace").success
         sandbox.process_pending()
         hours_ago[0] = 0.0
         with psycopg.connect(url) as conn:
             set_members(conn, "g_replace", range(100, 300))
-        result = push(instance, url, sandbox, "g_replace", full_replace=True, force=True)
+        result = push_to_google(instance, url, sandbox, "g_replace", full_replace=True, force=True)
         assert outcome(result)["status"] == "synced"
         (remove_all,) = sandbox.requests("RemoveAllAudienceMembers")
         assert remove_all.request["remove_as_of_time"]
-        name = user_list(url, "g_replace_google")
+        name = google_user_list(url, "g_replace_google")
         # Members re-sent by the replace survive the removal as of its start; the rest go.
-        assert held(sandbox, name) == expected_keys("g_replace", range(100, 300))
+        assert held(sandbox, name) == google_member_keys(range(100, 300))
 
 
 def test_google_ads_jobs_with_partial_failure(instance, url, sandbox) -> None:
-    setup(url, "g_ads", "google_ads", range(120), min_audience_size=10)
+    add_google_destination(url, "g_ads", "google_ads", range(120), min_audience_size=10)
     sandbox.refuse([sha256_hex("cliente.5@exemplo.com.br")])
-    first = push(instance, url, sandbox, "g_ads")
+    first = push_to_google(instance, url, sandbox, "g_ads")
     assert first.success
     row = outcome(first)
     assert (row["added"], row["rejected"], row["pending"]) == (107, 1, 107)
-    name = user_list(url, "g_ads_google")
-    assert sandbox.members(name) == expected_keys("g_ads", range(120)) - expected_keys("g_ads", [5])
+    name = google_user_list(url, "g_ads_google")
+    assert sandbox.members(name) == google_member_keys(range(120)) - google_member_keys([5])
     with psycopg.connect(url) as conn:
         (reject,) = conn.execute(
             "SELECT j.member_key, j.reason FROM cdp.activation_rejects j"
@@ -217,10 +177,10 @@ def test_google_ads_jobs_with_partial_failure(instance, url, sandbox) -> None:
         ).fetchall()
     assert reject == ("g_ads-5", "The value is not acceptable.")
     sandbox.clear_faults()
-    retried = outcome(push(instance, url, sandbox, "g_ads"))
+    retried = outcome(push_to_google(instance, url, sandbox, "g_ads"))
     assert (retried["added"], retried["unchanged"]) == (1, 107)
     assert "match_rate_range=MATCH_RANGE_71_TO_80" in retried["match_info"]
-    assert sandbox.members(name) == expected_keys("g_ads", range(120))
+    assert sandbox.members(name) == google_member_keys(range(120))
     job = sandbox.requests("CreateOfflineUserDataJob")[0].request
     assert job["job"]["customer_match_user_list_metadata"]["consent"] == {
         "ad_user_data": "GRANTED",
@@ -233,17 +193,17 @@ def test_google_ads_jobs_with_partial_failure(instance, url, sandbox) -> None:
 
     with psycopg.connect(url) as conn:
         set_members(conn, "g_ads", range(20, 120))
-    second = outcome(push(instance, url, sandbox, "g_ads"))
+    second = outcome(push_to_google(instance, url, sandbox, "g_ads"))
     assert second["removed"] == 18
     remove_job = sandbox.requests("CreateOfflineUserDataJob")[-1].request
     assert "consent" not in remove_job["job"]["customer_match_user_list_metadata"]
-    assert sandbox.members(name) == expected_keys("g_ads", range(20, 120))
+    assert sandbox.members(name) == google_member_keys(range(20, 120))
 
 
 def test_google_ads_not_allowlisted_fails_clearly(instance, url, sandbox) -> None:
-    setup(url, "g_denied", "google_ads", range(120), min_audience_size=10)
+    add_google_destination(url, "g_denied", "google_ads", range(120), min_audience_size=10)
     sandbox.inject("CreateOfflineUserDataJob", "not_allowlisted")
-    result = push(instance, url, sandbox, "g_denied")
+    result = push_to_google(instance, url, sandbox, "g_denied")
     assert not result.success
     with psycopg.connect(url) as conn:
         (history,) = runs(conn, "g_denied_google")
@@ -288,33 +248,35 @@ def remove_on_google(sandbox: GoogleSandbox, platform: str, name: str) -> None:
     if platform == "google_ads":
         services = google_ads_services("dev-token", None, sandbox.address)
         services.user_lists.mutate_user_lists(
-            customer_id=CUSTOMER, operations=[UserListOperation(remove=name)]
+            customer_id=GOOGLE_CUSTOMER, operations=[UserListOperation(remove=name)]
         )
     else:
         data_manager_clients(sandbox.address).user_lists.delete_user_list(name=name)
 
 
 def test_a_lost_data_manager_list_id_finds_the_list_by_name(instance, url, sandbox) -> None:
-    setup(url, "g_dm_lost", "google_data_manager", range(120), min_audience_size=10)
-    assert push(instance, url, sandbox, "g_dm_lost").success
-    name = user_list(url, "g_dm_lost_google")
+    add_google_destination(
+        url, "g_dm_lost", "google_data_manager", range(120), min_audience_size=10
+    )
+    assert push_to_google(instance, url, sandbox, "g_dm_lost").success
+    name = google_user_list(url, "g_dm_lost_google")
     lists = len(sandbox.user_lists())
     with psycopg.connect(url) as conn:
         conn.execute(
             "UPDATE cdp.destination_audiences SET platform_audience_id = NULL"
             " WHERE destination_id = 'g_dm_lost_google'"
         )
-    assert push(instance, url, sandbox, "g_dm_lost").success
-    assert user_list(url, "g_dm_lost_google") == name
+    assert push_to_google(instance, url, sandbox, "g_dm_lost").success
+    assert google_user_list(url, "g_dm_lost_google") == name
     assert len(sandbox.user_lists()) == lists
 
 
 def test_a_google_ads_job_google_does_not_find_is_not_a_success(sandbox) -> None:
-    destination = Destination("g_nojob_google", "g_nojob", "google_ads", CUSTOMER)
+    destination = Destination("g_nojob_google", "g_nojob", "google_ads", GOOGLE_CUSTOMER)
     platform = GoogleAdsAudiences(
         destination, google_ads_services("dev-token", None, sandbox.address)
     )
-    job = f"customers/{CUSTOMER}/offlineUserDataJobs/1"
+    job = f"customers/{GOOGLE_CUSTOMER}/offlineUserDataJobs/1"
     verdict = platform.request_verdicts([job])[job]
     assert verdict.failed == f"Google Ads has no job {job}"
 
@@ -342,20 +304,20 @@ def test_a_list_removed_in_google_is_created_again_with_every_member(
     instance, url, sandbox, platform
 ) -> None:
     tenant_id = f"g_gone_{platform[7:]}"
-    setup(url, tenant_id, platform, range(120), min_audience_size=10)
-    assert push(instance, url, sandbox, tenant_id).success
-    removed = user_list(url, f"{tenant_id}_google")
+    add_google_destination(url, tenant_id, platform, range(120), min_audience_size=10)
+    assert push_to_google(instance, url, sandbox, tenant_id).success
+    removed = google_user_list(url, f"{tenant_id}_google")
     remove_on_google(sandbox, platform, removed)
     with psycopg.connect(url) as conn:
         set_members(conn, tenant_id, range(130))
 
-    result = push(instance, url, sandbox, tenant_id)
+    result = push_to_google(instance, url, sandbox, tenant_id)
     assert result.success
     row = outcome(result)
-    recreated = user_list(url, f"{tenant_id}_google")
+    recreated = google_user_list(url, f"{tenant_id}_google")
     assert recreated != removed
     assert (row["status"], row["added"], row["unchanged"]) == ("synced", 117, 0)
-    assert held(sandbox, recreated) == expected_keys(tenant_id, range(130))
+    assert held(sandbox, recreated) == google_member_keys(range(130))
     assert removed in row["reason"] and GONE[platform] in row["reason"]
     assert f"created {recreated}" in row["reason"]
     with psycopg.connect(url) as conn:
@@ -369,18 +331,18 @@ def test_with_recreation_off_a_removed_list_fails_until_reset(
 ) -> None:
     tenant_id = f"g_kept_{platform[7:]}"
     destination_id = f"{tenant_id}_google"
-    setup(
+    add_google_destination(
         url, tenant_id, platform, range(120), min_audience_size=10, recreate_deleted_audiences=False
     )
-    assert push(instance, url, sandbox, tenant_id).success
+    assert push_to_google(instance, url, sandbox, tenant_id).success
     sandbox.process_pending()
-    removed = user_list(url, destination_id)
+    removed = google_user_list(url, destination_id)
     lists = len(sandbox.user_lists())
     remove_on_google(sandbox, platform, removed)
     with psycopg.connect(url) as conn:
         set_members(conn, tenant_id, range(130))
 
-    failed = push(instance, url, sandbox, tenant_id)
+    failed = push_to_google(instance, url, sandbox, tenant_id)
     assert not failed.success
     assert len(sandbox.user_lists()) == lists - 1  # none created in its place
     (failure,) = [e for e in failed.all_events if e.is_step_failure]
@@ -394,9 +356,9 @@ def test_with_recreation_off_a_removed_list_fails_until_reset(
     reset = CliRunner().invoke(destinations, ["reset", destination_id], env={"DATABASE_URL": url})
     assert reset.exit_code == 0, reset.output
     assert removed in reset.output and "108 confirmed members" in reset.output
-    result = push(instance, url, sandbox, tenant_id)
+    result = push_to_google(instance, url, sandbox, tenant_id)
     assert result.success and outcome(result)["added"] == 117
-    assert held(sandbox, user_list(url, destination_id)) == expected_keys(tenant_id, range(130))
+    assert held(sandbox, google_user_list(url, destination_id)) == google_member_keys(range(130))
 
 
 def test_a_google_ads_job_of_seconds_is_picked_up_by_a_later_run_without_a_second_job(
@@ -407,19 +369,19 @@ def test_a_google_ads_job_of_seconds_is_picked_up_by_a_later_run_without_a_secon
     they read its status, and the first run after it ended confirms its members."""
     job_seconds = 6.0
     with GoogleSandbox(job_seconds=job_seconds) as slow:
-        setup(url, "g_slow", "google_ads", range(120), min_audience_size=10)
+        add_google_destination(url, "g_slow", "google_ads", range(120), min_audience_size=10)
         started = time.monotonic()
-        first = outcome(push(instance, url, slow, "g_slow"))
+        first = outcome(push_to_google(instance, url, slow, "g_slow"))
         # The job ran between `started` and now: it ends between the two plus its time.
         returned = time.monotonic()
         assert (first["added"], first["pending"]) == (108, 108)
-        name = user_list(url, "g_slow_google")
+        name = google_user_list(url, "g_slow_google")
         assert slow.members(name) == set()  # returned with the job still running
 
         with psycopg.connect(url) as conn:
             set_members(conn, "g_slow", range(20, 120))
         while True:  # as many runs as fit in the job's time, each reading its status
-            waiting = outcome(push(instance, url, slow, "g_slow"))
+            waiting = outcome(push_to_google(instance, url, slow, "g_slow"))
             assert waiting["status"] == "skipped" and "is still running" in waiting["reason"]
             if time.monotonic() > started + job_seconds - 2.5:
                 break
@@ -427,7 +389,7 @@ def test_a_google_ads_job_of_seconds_is_picked_up_by_a_later_run_without_a_secon
         assert len(slow.requests("RunOfflineUserDataJob")) == 1
 
         time.sleep(max(0.0, returned + job_seconds - time.monotonic()) + 0.1)
-        done = outcome(push(instance, url, slow, "g_slow"))
+        done = outcome(push_to_google(instance, url, slow, "g_slow"))
         assert (done["status"], done["removed"], done["pending"]) == ("synced", 18, 18)
         assert {c.code.name for c in slow.requests("RunOfflineUserDataJob")} == {"OK"}
         assert len(slow.requests("RunOfflineUserDataJob")) == 2
@@ -448,7 +410,7 @@ def test_a_google_call_that_never_answers_fails_within_its_deadline(
     instance, url, sandbox, platform, method
 ) -> None:
     tenant_id = f"g_silent_{platform.split('_')[-1]}"
-    setup(url, tenant_id, platform, range(300))
+    add_google_destination(url, tenant_id, platform, range(300))
     sandbox.inject(method, "never_answer", times=2)
     sandbox.clear_requests()
     resources = {

@@ -25,12 +25,12 @@ from cdp_assets.activation.destinations import Destination
 from cdp_assets.activation.google.assets import google_customer_match
 from cdp_assets.activation.meta.assets import meta_custom_audiences
 from cdp_assets.activation.meta.resources import MetaResource
-from cdp_assets.activation.triggers import (
-    activation_every_48_hours,
+from cdp_assets.activation.push_requests import (
     cadence_requests,
     change_requests,
     changed_audiences,
 )
+from cdp_assets.activation.schedules import activation_every_48_hours
 from cdp_assets.activation.vtex_collections.assets import vtex_product_collections
 from cdp_assets.analytics.schedules import on_48_hour_cadence
 from cdp_assets.lib.warehouse import WarehouseResource

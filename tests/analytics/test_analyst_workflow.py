@@ -24,10 +24,11 @@ from support import months_ago, register, sync
 from cdp_assets.activation.destinations import Destination, add_audience, add_destination
 from cdp_assets.activation.meta.assets import meta_custom_audiences
 from cdp_assets.activation.meta.resources import MetaResource
-from cdp_assets.activation.triggers import changed_audiences
+from cdp_assets.activation.push_requests import changed_audiences
 from cdp_assets.analytics.assets import (
     AS_OF_ENV,
     as_of_day,
+    customer_predictions,
     dbt_audiences,
     dbt_tenant_models,
     dbt_tenant_scoring,
@@ -40,7 +41,6 @@ from cdp_assets.analytics.dbt_project import (
     ensure_manifest,
     person_schema_prefix,
 )
-from cdp_assets.analytics.prediction_assets import customer_predictions
 from cdp_assets.lib.environ import temporary_environment
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.ops.freshness import FRESHNESS

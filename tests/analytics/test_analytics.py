@@ -31,19 +31,21 @@ from support import (
 from cdp_assets.activation.destinations import Destination, add_audience, add_destination
 from cdp_assets.activation.meta.assets import meta_custom_audiences
 from cdp_assets.activation.meta.resources import MetaResource
-from cdp_assets.activation.triggers import changed_audiences
+from cdp_assets.activation.push_requests import changed_audiences
 from cdp_assets.activation.vtex_collections.assets import vtex_product_collections
 from cdp_assets.activation.vtex_collections.rules import collection_skus
 from cdp_assets.analytics.assets import (
     AS_OF_ENV,
     RUN_VARS_ENV,
     as_of_day,
+    customer_predictions,
     dbt_audiences,
     dbt_churn_holdout,
     dbt_holdout_summary,
     dbt_tenant_models,
     dbt_tenant_scoring,
     dbt_vars,
+    holdout_predictions,
 )
 from cdp_assets.analytics.checks import audience_sizes_within_bounds
 from cdp_assets.analytics.dbt_project import (
@@ -55,12 +57,7 @@ from cdp_assets.analytics.dbt_project import (
     project_files,
 )
 from cdp_assets.analytics.jobs import ANALYTICS_JOB, all_tenants_tags
-from cdp_assets.analytics.prediction_assets import (
-    SUMMARY_MODEL,
-    customer_predictions,
-    fit_and_replace,
-    holdout_predictions,
-)
+from cdp_assets.analytics.prediction_refresh import SUMMARY_MODEL, fit_and_replace
 from cdp_assets.lib.environ import temporary_environment
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.partitions import RANGE_END_TAG, RANGE_START_TAG

@@ -10,7 +10,7 @@ import time
 import dagster as dg
 import psycopg
 import pytest
-from support import HISTORY_START, register, sync
+from support import register, store_from_history_start, sync
 
 from cdp_assets.analytics.assets import dbt_audiences
 from cdp_assets.analytics.dbt_project import dbt_resource
@@ -18,25 +18,11 @@ from cdp_assets.analytics.jobs import CHANGES_JOB
 from cdp_assets.definitions import defs
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.partitions import RANGE_END_TAG, RANGE_START_TAG
-from cdp_devkit.sandbox import SandboxProcess, StoreSpec
+from cdp_devkit.sandbox import SandboxProcess
 
 STORES = {
-    "per_a": StoreSpec(
-        account="pera",
-        seed=81,
-        customers=300,
-        orders=1500,
-        products=20,
-        history_start=HISTORY_START,
-    ),
-    "per_b": StoreSpec(
-        account="perb",
-        seed=82,
-        customers=300,
-        orders=1500,
-        products=20,
-        history_start=HISTORY_START,
-    ),
+    "per_a": store_from_history_start("pera", seed=81, customers=300, orders=1500, products=20),
+    "per_b": store_from_history_start("perb", seed=82, customers=300, orders=1500, products=20),
 }
 CHAMPIONS = "audience_rfm_champions"
 

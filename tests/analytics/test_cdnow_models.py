@@ -17,7 +17,7 @@ import orjson
 import pytest
 from support import assert_bands_rank_repurchase, dbt_build, holdout_repurchase_rates
 
-from cdp_assets.analytics.prediction_assets import customer_predictions
+from cdp_assets.analytics.assets import customer_predictions
 from cdp_assets.lib.upsert import upsert_documents
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.tenants.registry import Tenant, add_tenant

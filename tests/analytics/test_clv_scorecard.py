@@ -19,9 +19,13 @@ from support import HISTORY_START, run_dbt
 from test_cdnow_models import cdnow_orders
 
 from cdp_assets.analytics import clv
-from cdp_assets.analytics.assets import AS_OF_ENV, as_of_day
-from cdp_assets.analytics.clv_scorecard_asset import CHECK_NAME, clv_scorecard
-from cdp_assets.analytics.prediction_assets import holdout_predictions
+from cdp_assets.analytics.assets import (
+    AS_OF_ENV,
+    CHECK_NAME,
+    as_of_day,
+    clv_scorecard,
+    holdout_predictions,
+)
 from cdp_assets.lib.environ import temporary_environment
 from cdp_assets.lib.upsert import upsert_documents
 from cdp_assets.lib.warehouse import WarehouseResource

@@ -11,44 +11,28 @@ from datetime import UTC, datetime
 import dagster as dg
 import psycopg
 import pytest
-from support import HISTORY_START, register, sync, vtex_for
+from support import register, store_from_history_start, sync, vtex_for
 
 from cdp_assets.activation.destinations import Destination, add_audience, add_destination
+from cdp_assets.activation.jobs import activation_push
 from cdp_assets.activation.meta.assets import meta_custom_audiences
-from cdp_assets.activation.triggers import activation_push, audience_changes_sensor
-from cdp_assets.analytics.feed_changes import feed_changes_sensor
+from cdp_assets.activation.sensors import audience_changes_sensor
 from cdp_assets.analytics.jobs import CHANGES_JOB
+from cdp_assets.analytics.sensors import feed_changes_sensor
 from cdp_assets.definitions import defs
 from cdp_assets.lib.environ import temporary_environment
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.partitions import RANGE_END_TAG, RANGE_START_TAG, tenants
+from cdp_assets.vtex.assets import TENANTS_LANDED, vtex_orders_feed
 from cdp_assets.vtex.feed import FeedSettings, turn_feed_on
-from cdp_assets.vtex.feed_defs import (
-    FEED_SYNC_JOB,
-    TENANTS_LANDED,
-    vtex_orders_feed,
-    vtex_orders_feed_sensor,
-)
+from cdp_assets.vtex.jobs import FEED_SYNC_JOB
+from cdp_assets.vtex.sensors import vtex_orders_feed_sensor
 from cdp_devkit.bench.freshness import at_platform
-from cdp_devkit.sandbox import MetaSandbox, SandboxProcess, StoreSpec
+from cdp_devkit.sandbox import MetaSandbox, SandboxProcess
 
 STORES = {
-    "chain_a": StoreSpec(
-        account="chaina",
-        seed=71,
-        customers=300,
-        orders=1500,
-        products=20,
-        history_start=HISTORY_START,
-    ),
-    "chain_b": StoreSpec(
-        account="chainb",
-        seed=72,
-        customers=200,
-        orders=800,
-        products=15,
-        history_start=HISTORY_START,
-    ),
+    "chain_a": store_from_history_start("chaina", seed=71, customers=300, orders=1500, products=20),
+    "chain_b": store_from_history_start("chainb", seed=72, customers=200, orders=800, products=15),
 }
 AUDIENCE = "audience_new_customers"
 META_TOKEN_REF, META_TOKEN, META_ACCOUNT = "CHAIN_META_TOKEN", "chain-meta-token", "4242"

@@ -14,14 +14,14 @@ from support import import_unavailable_orders, months_ago, register, run_dbt, sy
 from cdp_assets.analytics.assets import (
     AS_OF_ENV,
     as_of_day,
+    customer_predictions,
     dbt_tenant_models,
     dbt_tenant_scoring,
 )
 from cdp_assets.analytics.dbt_project import dbt_resource
-from cdp_assets.analytics.prediction_assets import (
+from cdp_assets.analytics.prediction_refresh import (
     PREDICTIONS_TABLE,
     SUMMARY_MODEL,
-    customer_predictions,
     read_fit_inputs,
     tenant_states,
 )

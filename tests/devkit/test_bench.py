@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from cdp_assets.activation.triggers import activation_push
+from cdp_assets.activation.jobs import activation_push
 from cdp_assets.analytics.dbt_project import DBT_PROJECT_DIR
 from cdp_assets.analytics.jobs import ANALYTICS_JOB, AUDIENCES_JOB
 from cdp_assets.vtex.jobs import ORDERS_SYNC_JOB
@@ -199,6 +199,26 @@ def test_activation_pushes_then_resyncs_unchanged(small):
     for pushes in destinations.values():
         assert pushes["first_push"]["added"] > 0
         assert pushes["unchanged_resync"]["unchanged"] == pushes["first_push"]["added"]
+        assert pushes["unchanged_resync"]["pending"] == 0
+
+
+def test_activation_confirms_data_manager_members_only_after_the_verdicts(small):
+    """Meta confirms on acknowledgement; Data Manager's first push leaves every member pending,
+    and the pushes after it confirm them once the sandbox has processed each request, so no
+    request's wait is shorter than the sandbox's delay."""
+    report, folder = small
+    destinations = report["stages"]["activation"]["destinations"]
+    assert destinations["meta"]["first_push"]["pending"] == 0
+    assert "settling" not in destinations["meta"]
+    google = destinations["google_data_manager"]
+    settling = google["settling"]
+    assert google["first_push"]["pending"] == google["first_push"]["added"]
+    assert settling["confirmed"] == google["first_push"]["added"]
+    assert settling["requests"] >= google["first_push"]["requests"] > 0
+    assert settling["requests_pending"] == 0
+    p50, latest = settling["verdict_latency_p50_seconds"], settling["verdict_latency_max_seconds"]
+    assert settling["sandbox_processing_seconds"] <= p50 <= latest
+    assert "| google_data_manager |" in (folder / "summary.md").read_text()
 
 
 def test_masterdata_writes_every_tenants_fields_within_the_budget_then_nothing(small):

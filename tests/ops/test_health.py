@@ -29,9 +29,10 @@ from cdp_assets.framework.dagster_storage import storage_config
 from cdp_assets.lib.dagster_home import prepare_dagster_home
 from cdp_assets.lib.database import sqlalchemy_url, with_database
 from cdp_assets.lib.warehouse import WarehouseResource, migrated_url
+from cdp_assets.ops.assets import operations_metrics
 from cdp_assets.ops.health import HEARTBEAT_TOLERANCE_ENV, instigator_problems, instigators_of
 from cdp_assets.ops.metrics import THRESHOLDS_ENV
-from cdp_assets.ops.metrics_defs import OpsMetricsResource, operations_metrics
+from cdp_assets.ops.resources import OpsMetricsResource
 from cdp_assets.ops.status import collect_status, watched_assets
 from cdp_assets.ops.surface import read_surface
 from cdp_assets.partitions import tenants

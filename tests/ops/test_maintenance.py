@@ -11,16 +11,16 @@ import psycopg
 import pytest
 
 from cdp_assets.definitions import defs
+from cdp_assets.ops.jobs import MAINTENANCE_JOB
 from cdp_assets.ops.maintenance import (
     ANALYZED,
     DAGSTER_RUNS,
-    MAINTENANCE_JOB,
     RETENTIONS,
     RetentionError,
-    maintenance_schedule,
     retention_days,
     run_maintenance,
 )
+from cdp_assets.ops.schedules import maintenance_schedule
 
 # Per kind of record: how to insert one last touched at %(at)s, marked %(mark)s.
 INSERTS = {

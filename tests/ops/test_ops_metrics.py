@@ -17,6 +17,7 @@ import psycopg
 import pytest
 
 from cdp_assets.lib.warehouse import WarehouseResource
+from cdp_assets.ops.assets import metric_check_results, metrics_metadata, operations_metrics
 from cdp_assets.ops.metric_alerts import alert_on_crossings
 from cdp_assets.ops.metrics import (
     DEFAULT_THRESHOLDS,
@@ -35,12 +36,7 @@ from cdp_assets.ops.metrics import (
     load_thresholds,
     render_metrics,
 )
-from cdp_assets.ops.metrics_defs import (
-    OpsMetricsResource,
-    metric_check_results,
-    metrics_metadata,
-    operations_metrics,
-)
+from cdp_assets.ops.resources import OpsMetricsResource
 from cdp_assets.ops.status import collect_status, render_text, status_json
 from cdp_assets.ops.webhook import WEBHOOK_ENV
 from cdp_assets.partitions import tenants

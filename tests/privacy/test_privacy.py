@@ -47,7 +47,7 @@ from cdp_assets.activation.identifiers import (
     normalize_phone,
     sha256_hex,
 )
-from cdp_assets.activation.triggers import activation_push
+from cdp_assets.activation.jobs import activation_push
 from cdp_assets.analytics.jobs import ANALYTICS_JOB, AUDIENCES_JOB
 from cdp_assets.cli import main
 from cdp_assets.definitions import defs

@@ -34,7 +34,7 @@ import psycopg
 from support import months_ago
 
 from cdp_assets.activation.destinations import Destination, add_audience, add_destination
-from cdp_assets.activation.triggers import activation_push
+from cdp_assets.activation.jobs import activation_push
 from cdp_assets.analytics.jobs import ANALYTICS_JOB, AUDIENCES_JOB
 from cdp_assets.definitions import defs
 from cdp_assets.lib.environ import temporary_environment

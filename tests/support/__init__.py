@@ -8,6 +8,7 @@ import subprocess
 import time
 from datetime import UTC, date, datetime
 from pathlib import Path
+from typing import Any
 
 import dagster as dg
 import orjson
@@ -21,7 +22,7 @@ from cdp_assets.tenants.registry import Tenant, add_tenant, vtex_orders_availabl
 from cdp_assets.vtex.assets import vtex_customers, vtex_orders, vtex_products, vtex_skus
 from cdp_assets.vtex.import_orders import import_orders
 from cdp_assets.vtex.resources import VtexResource
-from cdp_devkit.sandbox import SandboxProcess, credentials_for
+from cdp_devkit.sandbox import SandboxProcess, StoreSpec, credentials_for
 
 
 def months_ago(back: int) -> date:
@@ -35,6 +36,17 @@ THIS_MONTH = month_start(datetime.now(UTC))
 # within the two years VTEX serves orders for, whatever the day (that window begins two days
 # after the date two years back, so up to the 2nd of the month 23 months back).
 HISTORY_START = months_ago(22)
+
+
+def store_from_history_start(
+    account: str, *, seed: int, customers: int, orders: int, products: int, **spec: Any
+) -> StoreSpec:
+    """A synthetic store whose orders start at HISTORY_START; `spec` sets any other field of
+    its StoreSpec."""
+    return StoreSpec(
+        account, seed, customers, orders, products, history_start=HISTORY_START, **spec
+    )
+
 
 TABLES = {
     "orders": ("order_id", vtex_orders),

@@ -17,6 +17,7 @@ from cdp_assets.cli import main
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.partitions import RANGE_END_TAG, RANGE_START_TAG, tenants
 from cdp_assets.tenants.registry import Tenant
+from cdp_assets.vtex.assets import TENANTS_LANDED, vtex_orders_feed
 from cdp_assets.vtex.client import VtexClient, VtexError
 from cdp_assets.vtex.feed import (
     FEED_READ_ATTEMPTS,
@@ -27,13 +28,7 @@ from cdp_assets.vtex.feed import (
     turn_feed_off,
     turn_feed_on,
 )
-from cdp_assets.vtex.feed_defs import (
-    IDLE_POLL,
-    TENANTS_LANDED,
-    feed_run_requests,
-    vtex_orders_feed,
-    vtex_orders_feed_sensor,
-)
+from cdp_assets.vtex.sensors import IDLE_POLL, feed_run_requests, vtex_orders_feed_sensor
 from cdp_assets.vtex.sync import Landing, sync_orders
 from cdp_devkit.sandbox import SandboxProcess, StoreSpec
 from cdp_devkit.sandbox.vtex.faults import FEED_EVENT_DEFECTS
@@ -55,6 +50,7 @@ ACCOUNTS = (
     "feedobject",
     "feedblocka",
     "feedblockb",
+    "feedcurrent",
 )
 
 
@@ -188,6 +184,42 @@ def test_changed_orders_arrive_through_the_feed_and_land_with_their_new_status(
 
     again = metadata(drain(instance, sandbox, "t_feed_land"))
     assert again["feed_events"] == again["rows_received"] == 0
+
+
+def test_orders_the_list_sync_landed_after_their_change_are_not_read_again(conn, sandbox):
+    """The List sync reads new orders as they are now; their feed events announce nothing the
+    landed copy lacks, so the drain commits them without a Get order, even an order-created
+    event read apart from its order's later status event (a drain of one lot at a time splits
+    them). Changed orders landed before their change are read."""
+    tenant = register(conn, "t_feed_current", "feedcurrent")
+    client = enable_feed(conn, sandbox, tenant)
+    everything = (datetime.combine(HISTORY_START, datetime.min.time(), UTC), datetime.now(UTC))
+    sync_orders(client, conn, "t_feed_current", *everything, "baseline", Landing())
+    conn.commit()
+    # 5 + 2 * 4 events: the third new order's two events fall in two lots of 10.
+    order_ids = change_orders(sandbox, "feedcurrent", changed=5, new=4)
+    new = order_ids[5:]
+    recent = (datetime.now(UTC) - timedelta(hours=2), datetime.now(UTC))
+    sync_orders(client, conn, "t_feed_current", *recent, "list", Landing())
+    conn.commit()
+    assert set(statuses(conn, "t_feed_current", new)) == set(new)
+    gets_before = sandbox.stats()["accounts"]["feedcurrent"]["requests"].get("get_order", 0)
+
+    drains = [drain_feed(conn, client, "t_feed_current", "test-run", max_lots=1)]
+    while drains[-1].events:
+        drains.append(drain_feed(conn, client, "t_feed_current", "test-run", max_lots=1))
+
+    gets = sandbox.stats()["accounts"]["feedcurrent"]["requests"]["get_order"] - gets_before
+    assert [d.events for d in drains] == [10, 3, 0]
+    assert sum(d.orders for d in drains) == gets == 5
+    # The third new order is current in both lots: once for each of its events.
+    assert sum(d.orders_current for d in drains) == 4 + 1
+    assert sum(d.handles_committed for d in drains) == 5 + 2 * 4
+    assert sum(d.landing.counts.updated for d in drains) == 5
+    conn.rollback()
+    landed = statuses(conn, "t_feed_current", order_ids)
+    assert landed == truth_statuses(sandbox, "feedcurrent", order_ids)
+    assert client.feed_config()["quantity"] == 0
 
 
 def test_duplicate_deliveries_fetch_each_order_once_and_are_all_committed(conn, sandbox):

@@ -10,7 +10,7 @@ import orjson
 import psycopg
 import pytest
 from click.testing import CliRunner
-from support import HISTORY_START, TABLES, metadata, months_ago, register, sync, vtex_for
+from support import TABLES, metadata, months_ago, register, store_from_history_start, sync, vtex_for
 
 from cdp_assets.cli import main
 from cdp_assets.ops.metrics import collect_history
@@ -18,34 +18,25 @@ from cdp_assets.partitions import order_months
 from cdp_assets.tenants.registry import vtex_orders_available_from
 from cdp_assets.vtex.assets import MONTH_FIGURES
 from cdp_assets.vtex.client import CUSTOMER_FIELDS
-from cdp_devkit.sandbox import SandboxProcess, StoreSpec, credentials_for
+from cdp_devkit.sandbox import SandboxProcess, credentials_for
 
 BUSY_DAY = months_ago(18) + timedelta(days=14)
 STORES = {
-    "alpha": StoreSpec(
-        account="alpha",
+    "alpha": store_from_history_start(
+        "alpha",
         seed=1,
         customers=300,
         orders=1500,
         products=60,
         malformed_orders=4,
-        history_start=HISTORY_START,
     ),
-    "beta": StoreSpec(
-        account="beta",
-        seed=2,
-        customers=200,
-        orders=800,
-        products=40,
-        history_start=HISTORY_START,
-    ),
-    "gamma": StoreSpec(
-        account="gamma",
+    "beta": store_from_history_start("beta", seed=2, customers=200, orders=800, products=40),
+    "gamma": store_from_history_start(
+        "gamma",
         seed=3,
         customers=150,
         orders=400,
         products=30,
-        history_start=HISTORY_START,
         busy_day=BUSY_DAY,
         busy_day_orders=3200,
     ),

@@ -3,12 +3,12 @@
 import dagster as dg
 import psycopg
 
+from cdp_assets.activation.destination_assets import vtex_destination_asset
 from cdp_assets.activation.destinations import Destination, DestinationAudience
 from cdp_assets.activation.run import ActivationConfig, DestinationAdapter, activate
 from cdp_assets.activation.sync import MemberSource
 from cdp_assets.activation.vtex_collections.client import VtexCollections
 from cdp_assets.activation.vtex_collections.rules import collection_skus
-from cdp_assets.activation.vtex_destination import vtex_destination_asset
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.tenants.registry import get_tenant
 from cdp_assets.vtex.resources import VtexResource

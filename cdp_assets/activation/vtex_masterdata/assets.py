@@ -3,10 +3,10 @@
 import dagster as dg
 import psycopg
 
+from cdp_assets.activation.destination_assets import vtex_destination_asset
 from cdp_assets.activation.destinations import Destination, DestinationAudience
 from cdp_assets.activation.run import ActivationConfig, DestinationAdapter, activate
 from cdp_assets.activation.sync import MemberSource
-from cdp_assets.activation.vtex_destination import vtex_destination_asset
 from cdp_assets.activation.vtex_masterdata.writeback import (
     VtexMasterDataFields,
     WritebackFields,

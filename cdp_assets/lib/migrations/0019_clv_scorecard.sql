@@ -1,4 +1,4 @@
--- Written by the `clv_scorecard` asset (cdp_assets/analytics/clv_scorecard_asset.py): the CLV
+-- Written by the `clv_scorecard` asset (cdp_assets/analytics/assets.py): the CLV
 -- fit as of the churn holdout's calibration date scored on the purchases since, against a naive
 -- baseline. Computed in Python (the expected purchases need a hypergeometric function), and a
 -- series over calibration dates that no dbt rebuild may drop. The quality gate of activation

@@ -1,4 +1,4 @@
--- The daily CLV fit is reused between refits (cdp_assets/analytics/prediction_assets.py):
+-- The daily CLV fit is reused between refits (cdp_assets/analytics/prediction_refresh.py):
 -- a refresh scores the customers whose purchase summary rows changed with the tenant's
 -- latest fit on the same summary model.
 --

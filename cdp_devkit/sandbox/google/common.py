@@ -38,6 +38,8 @@ from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
 from google.rpc import status_pb2
 
+from cdp_devkit.sandbox.loopback import RequestLog
+
 # "never_answer" holds the call without an answer until the client's deadline (or the
 # sandbox's stop) ends it; the others are the APIs' own errors.
 FAULT_KINDS: frozenset[str] = frozenset(
@@ -321,24 +323,6 @@ class Api(Protocol):
         """Trailing metadata sent with every response, success or failure."""
 
 
-class Recorder:
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._calls: list[RecordedCall] = []
-
-    def add(self, call: RecordedCall) -> None:
-        with self._lock:
-            self._calls.append(call)
-
-    def calls(self, method: str | None) -> list[RecordedCall]:
-        with self._lock:
-            return [c for c in self._calls if method is None or c.method == method]
-
-    def clear(self) -> None:
-        with self._lock:
-            self._calls.clear()
-
-
 class FaultQueue:
     """Pending faults per RPC method name, consumed one per call in injection order."""
 
@@ -367,8 +351,8 @@ class FaultQueue:
 class Dispatcher:
     """Builds the gRPC method handlers: headers, faults, handler, recording, error delivery."""
 
-    def __init__(self, recorder: Recorder, faults: FaultQueue) -> None:
-        self._recorder = recorder
+    def __init__(self, request_log: RequestLog[RecordedCall], faults: FaultQueue) -> None:
+        self._request_log = request_log
         self._faults = faults
         self._request_ids = itertools.count(1)
 
@@ -422,7 +406,7 @@ class Dispatcher:
             raise
         finally:
             seconds = time.perf_counter() - started
-            self._recorder.add(
+            self._request_log.add(
                 RecordedCall(rpc.service, rpc.method, metadata, code, seconds, request)
             )
         context.set_trailing_metadata(api.trailers(call))

@@ -57,7 +57,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 from concurrent import futures
-from types import TracebackType
 
 import grpc
 
@@ -68,16 +67,16 @@ from cdp_devkit.sandbox.google.common import (
     Dispatcher,
     FaultQueue,
     RecordedCall,
-    Recorder,
     SandboxUserList,
 )
 from cdp_devkit.sandbox.google.data_manager import DataManagerApi
+from cdp_devkit.sandbox.loopback import LoopbackSandbox, RequestLog
 
 __all__ = ["FAULT_KINDS", "GoogleSandbox", "RecordedCall", "SandboxUserList"]
 
 
-class GoogleSandbox:
-    """The sandbox server; a context manager.
+class GoogleSandbox(LoopbackSandbox[RecordedCall]):
+    """The sandbox server; a context manager, or :meth:`start` and :meth:`stop`.
 
     ``match_rate_percent`` drives every reported match rate (Data Manager
     ``upload_match_rate_range`` / ``match_rate_percentage``, Ads job ``match_rate_range`` and
@@ -88,6 +87,8 @@ class GoogleSandbox:
     ``clock`` stamps member add times (Data Manager ``remove_as_of_time`` compares against it).
     """
 
+    platform = "Google"
+
     def __init__(
         self,
         *,
@@ -97,8 +98,8 @@ class GoogleSandbox:
         clock: Callable[[], float] = time.time,
         max_workers: int = 8,
     ) -> None:
+        super().__init__(RequestLog())
         self._store = AudienceStore(clock, match_rate_percent)
-        self._recorder = Recorder()
         self._faults = FaultQueue()
         self._apis = (
             DataManagerApi(self._store, processing_seconds),
@@ -107,52 +108,33 @@ class GoogleSandbox:
         self._methods = frozenset(rpc.method for api in self._apis for rpc in api.rpcs())
         self._max_workers = max_workers
         self._server: grpc.Server | None = None
-        self._port: int | None = None
 
     @property
     def address(self) -> str:
-        if self._port is None:
-            raise RuntimeError("the sandbox has not been started")
-        return f"127.0.0.1:{self._port}"
+        return f"127.0.0.1:{self.port}"
 
-    def start(self) -> GoogleSandbox:
-        if self._server is not None:
-            raise RuntimeError("the sandbox is already running")
+    def _serve(self) -> int:
         server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=self._max_workers),
             # 100,000-identifier Ads requests exceed gRPC's default 4 MiB receive limit.
             options=[("grpc.max_receive_message_length", -1)],
         )
-        dispatcher = Dispatcher(self._recorder, self._faults)
+        dispatcher = Dispatcher(self._request_log, self._faults)
         for api in self._apis:
             server.add_generic_rpc_handlers(dispatcher.generic_handlers(api))
-        self._port = server.add_insecure_port("127.0.0.1:0")
+        port = server.add_insecure_port("127.0.0.1:0")
         server.start()
         self._server = server
-        return self
+        return port
 
-    def stop(self) -> None:
+    def _shut_down(self) -> None:
         if self._server is not None:
             self._server.stop(grace=None).wait()
             self._server = None
 
-    def __enter__(self) -> GoogleSandbox:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.stop()
-
     def requests(self, method: str | None = None) -> list[RecordedCall]:
         """Calls in completion order, optionally only those of one RPC (e.g. ``"Search"``)."""
-        return self._recorder.calls(method)
-
-    def clear_requests(self) -> None:
-        self._recorder.clear()
+        return self._request_log.matching(lambda call: method is None or call.method == method)
 
     def inject(self, method: str, fault: str, *, times: int = 1) -> None:
         """Fail the next ``times`` calls of an RPC (by name) with ``fault``, before any effect.

@@ -66,7 +66,6 @@ from collections import defaultdict, deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from functools import partial
-from types import TracebackType
 from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
@@ -78,6 +77,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from cdp_devkit.sandbox.loopback import LoopbackSandbox, RequestLog
 from cdp_devkit.sandbox.meta.audiences import (
     READABLE_FIELDS,
     REPLACE_LOCK_SECONDS,
@@ -375,7 +375,9 @@ class _Usage:
             if len(calls) > limits.calls_per_window:
                 until = self.throttled_until[account] = now + limits.throttle_seconds
         percent = min(100, round(100 * len(calls) / limits.calls_per_window))
-        regain = math.ceil((until - now) / 60) if until > now else 0
+        # In whole minutes, from the wait to the millisecond: a float sum such as
+        # now + 300 - now may exceed 300 by a hair and round up a minute too many.
+        regain = math.ceil(round(until - now, 3) / 60) if until > now else 0
         usage = {
             "type": "custom_audience",
             "call_count": percent,
@@ -417,7 +419,7 @@ class _Graph:
         self.book = AudienceBook()
         self.book.replace_lock_seconds = limits.replace_lock_seconds
         self.lock = threading.Lock()
-        self.recorded: list[RecordedRequest] = []
+        self.recorded: RequestLog[RecordedRequest] = RequestLog()
         self.faults: deque[tuple[str, str]] = deque()  # (kind, path_contains), oldest first
         self._trace_ids = itertools.count(1)
 
@@ -461,7 +463,7 @@ class _Graph:
                 trace_id = f"SandboxTrace{next(self._trace_ids):010d}"
                 headers = call.headers if call is not None else {}
                 reply = _Reply(error.status, orjson.dumps(error.body(trace_id)), _JSON, headers)
-            self.recorded.append(
+            self.recorded.add(
                 RecordedRequest(
                     method,
                     path,
@@ -504,8 +506,7 @@ class _Graph:
         return None
 
     def requests(self, path_contains: str | None) -> list[RecordedRequest]:
-        with self.lock:
-            return [r for r in self.recorded if path_contains is None or path_contains in r.path]
+        return self.recorded.matching(lambda r: path_contains is None or path_contains in r.path)
 
     def audiences(self, account_id: str) -> list[dict[str, Any]]:
         with self.lock:
@@ -596,13 +597,15 @@ def _build_app(graph: _Graph) -> Starlette:
     return app
 
 
-class MetaSandbox:
+class MetaSandbox(LoopbackSandbox[RecordedRequest]):
     """The Graph sandbox on an ephemeral 127.0.0.1 port, served from a background thread.
 
     ``access_tokens`` maps each accepted token to the ad accounts (``act_123`` or ``123``) it may
     use; ``app_secret``, when given, is the app's secret with "Require App Secret" on. Use as a
     context manager, or call :meth:`start` and :meth:`stop`.
     """
+
+    platform = "Meta"
 
     def __init__(
         self,
@@ -612,28 +615,24 @@ class MetaSandbox:
         limits: GraphLimits = GraphLimits(),
     ) -> None:
         self._graph = _Graph(access_tokens, app_secret, limits)
+        super().__init__(self._graph.recorded)
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
         self._listener: socket.socket | None = None
-        self._port: int | None = None
 
     @property
     def graph_url(self) -> str:
         """What to assign to ``FacebookSession.GRAPH``."""
-        if self._port is None:
-            raise RuntimeError("the Meta sandbox has not been started")
-        return f"http://127.0.0.1:{self._port}"
+        return f"http://127.0.0.1:{self.port}"
 
-    def start(self) -> MetaSandbox:
-        if self._server is not None:
-            raise RuntimeError("the Meta sandbox is already running")
+    def _serve(self) -> int:
         # Bound here rather than by uvicorn so the port is known before the thread runs.
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         listener.bind(("127.0.0.1", 0))
         listener.listen(128)
         self._listener = listener
-        self._port = listener.getsockname()[1]
-        self._graph.base_url = self.graph_url
+        port: int = listener.getsockname()[1]
+        self._graph.base_url = f"http://127.0.0.1:{port}"
         config = uvicorn.Config(
             _build_app(self._graph),
             http="h11",
@@ -649,19 +648,19 @@ class MetaSandbox:
         self._thread = threading.Thread(
             target=self._server.run,
             kwargs={"sockets": [listener]},
-            name=f"meta-sandbox-{self._port}",
+            name=f"meta-sandbox-{port}",
             daemon=True,
         )
         self._thread.start()
         deadline = time.monotonic() + 10
         while not self._server.started:
             if not self._thread.is_alive() or time.monotonic() > deadline:
-                self.stop()
+                self._shut_down()
                 raise RuntimeError("the Meta sandbox did not start")
             time.sleep(0.01)
-        return self
+        return port
 
-    def stop(self) -> None:
+    def _shut_down(self) -> None:
         if self._server is not None:
             self._server.should_exit = True
         if self._thread is not None:
@@ -669,26 +668,10 @@ class MetaSandbox:
         if self._listener is not None:
             self._listener.close()
         self._server = self._thread = self._listener = None
-        self._port = None
-
-    def __enter__(self) -> MetaSandbox:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     def requests(self, path_contains: str | None = None) -> list[RecordedRequest]:
         """Recorded Graph requests, oldest first, optionally only paths containing a substring."""
         return self._graph.requests(path_contains)
-
-    def clear_requests(self) -> None:
-        with self._graph.lock:
-            self._graph.recorded.clear()
 
     def members(self, audience_id: str) -> list[dict[str, str]]:
         """The audience's members, each as its last uploaded row without empty keys.

@@ -1,5 +1,6 @@
-"""The Python step between the dbt models: BG/NBD + Gamma-Gamma fits per tenant (scipy,
-which dbt cannot run on Postgres), today's and the churn holdout's.
+"""The CLV predictions in the warehouse: each tenant's purchase summary read as the fits take
+it, BG/NBD + Gamma-Gamma fitted (scipy, which dbt cannot run on Postgres) or scored with a
+stored fit, and the predictions written; today's and the churn holdout's.
 
 Today's fit is stored (analytics_python.clv_fits) and reused: a tenant is fitted again on its
 schedule (REFIT_AFTER_DAYS), when it has no fit or when its customers grew or shrank by
@@ -21,25 +22,17 @@ from dataclasses import dataclass
 from datetime import date, datetime
 from operator import itemgetter
 
-import dagster as dg
 import numpy as np
 import psycopg
-from dagster_dbt import get_asset_key_for_model
 from numpy.typing import NDArray
 
-from cdp_assets.analytics.assets import (
-    HOLDOUT_SUMMARY_MODEL,
-    dbt_holdout_summary,
-    dbt_tenant_models,
-    run_tenants,
-)
-from cdp_assets.analytics.automation import ANALYTICS_AUTOMATION
 from cdp_assets.analytics.clv import BgNbdParams, GammaGammaParams
 from cdp_assets.analytics.predictions import HORIZON_MONTHS, MODEL, Fit, Predictions, predict, score
-from cdp_assets.lib.warehouse import WarehouseResource
-from cdp_assets.partitions import tenants
 
+# The purchase summaries the fits read: today's, and the churn holdout's as of its
+# calibration date.
 SUMMARY_MODEL = "int_customers__purchase_summary"
+HOLDOUT_SUMMARY_MODEL = "int_customers__holdout_summary"
 PREDICTIONS_TABLE = "analytics_python.customer_predictions"
 # A stored fit serves a week of refreshes: the parameters describe how the tenant's customers
 # buy and drop out, which changes over weeks, not with one day's orders.
@@ -134,108 +127,6 @@ class Refreshed:
     result: Predictions
     fitted: str | None
     fit_as_of: date | None
-
-
-def _python_step(
-    name: str,
-    summary: tuple[dg.AssetsDefinition, str],
-    automation_condition: dg.AutomationCondition | None,
-    description: str,
-):
-    """The asset decorator of a tenant-partitioned step reading the model `summary` (the dbt
-    assets building it, its name) and writing `analytics_python.<name>`."""
-    summary_assets, summary_model = summary
-    return dg.asset(
-        name=name,
-        description=description,
-        partitions_def=tenants,
-        backfill_policy=dg.BackfillPolicy.single_run(),
-        deps=[get_asset_key_for_model([summary_assets], summary_model)],
-        group_name="marts",
-        kinds={"python", "scipy", "postgres"},
-        automation_condition=automation_condition,
-        metadata={"dagster/table_name": f"analytics_python.{name}"},
-    )
-
-
-def _materialization(refreshed: list[Refreshed]) -> dg.MaterializeResult:
-    if len(refreshed) == 1:
-        return dg.MaterializeResult(metadata=_metadata(refreshed[0]))
-    # A run over several tenants records this on each of them: a table, not numbers.
-    return dg.MaterializeResult(
-        metadata={
-            "tenants_in_run": len(refreshed),
-            "tenants": dg.MetadataValue.md(_fits_table(refreshed)),
-        }
-    )
-
-
-def _predictions_asset(
-    name: str,
-    summary: tuple[dg.AssetsDefinition, str],
-    automation_condition: dg.AutomationCondition | None,
-    record_fits: bool,
-    description: str,
-) -> dg.AssetsDefinition:
-    """A tenant-partitioned asset fitting every tenant of its run on the model `summary`
-    (the dbt assets building it, its name) and replacing the tenant's rows of
-    `analytics_python.<name>`."""
-    summary_model = summary[1]
-    table = f"analytics_python.{name}"
-
-    @_python_step(name, summary, automation_condition, description)
-    def fit(
-        context: dg.AssetExecutionContext, warehouse: WarehouseResource
-    ) -> dg.MaterializeResult:
-        with warehouse.connect() as reader, warehouse.connect() as writer:
-            fitted = fit_and_replace(
-                reader, writer, summary_model, table, run_tenants(context), record_fits
-            )
-        return _materialization(fitted)
-
-    return fit
-
-
-class PredictionsConfig(dg.Config):
-    refit_after_days: int = REFIT_AFTER_DAYS
-    """A tenant whose stored fit is as of this many days before its summary is fitted again."""
-    refit: bool = False
-    """Fit every tenant of the run again, whatever its stored fit."""
-
-
-@_python_step(
-    "customer_predictions",
-    (dbt_tenant_models, SUMMARY_MODEL),
-    ANALYTICS_AUTOMATION,
-    description="""P(alive), expected purchases and CLV over 1, 3 and 5 years per customer.
-
-    BG/NBD and Gamma-Gamma fitted per tenant by maximum likelihood (`analytics/clv.py`), again
-    when the stored fit is a week old (config refit_after_days), missing, or the customers
-    changed by a quarter; every other run scores the customers whose purchase summary changed
-    with the stored parameters. A tenant whose data cannot support the fit gets the documented
-    heuristic, and the `model` column says which one each row came from.""",
-)
-def customer_predictions(
-    context: dg.AssetExecutionContext, config: PredictionsConfig, warehouse: WarehouseResource
-) -> dg.MaterializeResult:
-    with warehouse.connect() as reader, warehouse.connect() as writer:
-        refreshed = refresh_predictions(
-            reader, writer, run_tenants(context), config.refit_after_days, config.refit
-        )
-    return _materialization(refreshed)
-
-
-holdout_predictions = _predictions_asset(
-    "holdout_predictions",
-    (dbt_holdout_summary, HOLDOUT_SUMMARY_MODEL),
-    # Run by the weekly churn holdout schedule.
-    None,
-    # Its fit, as of the calibration date, is the one clv_scorecard scores.
-    record_fits=True,
-    description="""The same fit as customer_predictions, as of the churn holdout's calibration
-    date (var churn_holdout_days before as_of): the P(alive) marts.churn_holdout bands with,
-    so the holdout tests the churn rules as they run today. Weekly.""",
-)
 
 
 def fit_and_replace(
@@ -428,19 +319,6 @@ def _write_predictions(
         _copy_predictions(conn, table, inputs, result)
 
 
-def _fits_table(refreshed: list[Refreshed]) -> str:
-    lines = [
-        "| tenant | customers | scored | model | fit |",
-        "|---|---:|---:|---|---|",
-    ]
-    for done in refreshed:
-        fit = f"fitted: {done.fitted}" if done.fitted else f"stored, as of {done.fit_as_of}"
-        lines.append(
-            f"| {done.tenant_id} | {done.customers} | {done.scored} | {done.result.model} | {fit} |"
-        )
-    return "\n".join(lines)
-
-
 def _copy_predictions(
     conn: psycopg.Connection, table: str, inputs: FitInputs, result: Predictions
 ) -> None:
@@ -509,46 +387,3 @@ def _record_fit(
             summary_model,
         ),
     )
-
-
-def _metadata(refreshed: Refreshed) -> dict:
-    result, customers, scored = refreshed.result, refreshed.customers, refreshed.scored
-    metadata: dict = {
-        "dagster/row_count": customers,
-        "customers_scored": scored,
-        "model": result.model,
-        "fell_back": result.fallback_reason is not None,
-        "fitted": refreshed.fitted is not None,
-    }
-    if refreshed.fitted:
-        metadata["fit_reason"] = refreshed.fitted
-    elif refreshed.fit_as_of:
-        metadata["fit_as_of"] = refreshed.fit_as_of.isoformat()
-    if result.fallback_reason:
-        metadata["fallback_reason"] = result.fallback_reason
-    if result.bgnbd and result.gamma_gamma:
-        bg, gg = result.bgnbd.params, result.gamma_gamma.params
-        metadata.update(
-            bgnbd_r=bg.r,
-            bgnbd_alpha=bg.alpha,
-            bgnbd_a=bg.a,
-            bgnbd_b=bg.b,
-            gg_p=gg.p,
-            gg_q=gg.q,
-            gg_gamma=gg.gamma,
-            **result.fit_details,
-        )
-    # Totals and quantiles of the tenant: when this run scored every customer.
-    if customers and scored == customers:
-        clv_1y = result.clv[12]
-        metadata["mean_p_alive"] = float(result.p_alive.mean())
-        metadata.update(
-            {f"clv_{m // 12}y_total": float(result.clv[m].sum()) for m in HORIZON_MONTHS}
-        )
-        quantiles = np.quantile(clv_1y, [0.1, 0.25, 0.5, 0.75, 0.9, 0.99])
-        table = "| quantile | CLV 1y |\n|---|---|\n" + "\n".join(
-            f"| p{int(q * 100)} | {v:,.2f} |"
-            for q, v in zip((0.1, 0.25, 0.5, 0.75, 0.9, 0.99), quantiles, strict=True)
-        )
-        metadata["clv_1y_distribution"] = dg.MetadataValue.md(table)
-    return metadata

@@ -7,7 +7,6 @@ figure crosses its alert threshold."""
 import dagster as dg
 
 from cdp_assets.lib import settings
-from cdp_assets.lib.run_bounds import run_bound
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.ops.freshness import PLATFORM_FRESHNESS
 from cdp_assets.ops.metric_alerts import alert_on_crossings
@@ -15,30 +14,17 @@ from cdp_assets.ops.metrics import (
     DEFAULT_THRESHOLDS,
     LABELS,
     SUBJECTS,
-    THRESHOLDS_ENV,
     MetricsReport,
     Severity,
-    Threshold,
     check_description,
     collect_metrics,
-    load_thresholds,
     worst_named,
 )
+from cdp_assets.ops.resources import OpsMetricsResource
 from cdp_assets.ops.webhook import WEBHOOK_ENV
 from cdp_assets.vtex.resources import VtexResource
 
 ASSET = "operations_metrics"
-
-
-class OpsMetricsResource(dg.ConfigurableResource):
-    """Thresholds of the operations metrics: the defaults (ops/metrics.py), then
-    $CDP_OPS_THRESHOLDS, then `thresholds` here, e.g. `{"avg_sync_seconds": {"alert": 600}}`.
-    `cdp status` reads only the first two."""
-
-    thresholds: dict[str, dict[str, float]] = {}
-
-    def in_force(self) -> dict[str, Threshold]:
-        return load_thresholds(self.thresholds)
 
 
 def metrics_metadata(report: MetricsReport) -> dict[str, float | str]:
@@ -125,21 +111,3 @@ def operations_metrics(
     return dg.MaterializeResult(
         metadata=metrics_metadata(report), check_results=metric_check_results(report)
     )
-
-
-operations_metrics_job = dg.define_asset_job(
-    "operations_metrics_job",
-    selection=[operations_metrics],
-    description="Materialize the operations metrics and run their checks.",
-    tags=run_bound("operations_metrics_job"),
-)
-
-# Running by default: the metrics only read, and a stopped schedule would leave the plots and
-# the alerts silent.
-operations_metrics_schedule = dg.ScheduleDefinition(
-    name="operations_metrics_every_15_minutes",
-    job=operations_metrics_job,
-    cron_schedule="*/15 * * * *",
-    default_status=dg.DefaultScheduleStatus.RUNNING,
-    description=f"Operations metrics and their checks (thresholds: ${THRESHOLDS_ENV}).",
-)

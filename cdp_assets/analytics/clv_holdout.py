@@ -1,5 +1,5 @@
-"""The CLV holdout scorecard per tenant: the fit as of the churn holdout's calibration date,
-scored on each customer's purchases since (`clv_scorecard.py`), written to
+"""The CLV holdout scorecard per tenant in the warehouse: the fit as of the churn holdout's
+calibration date, scored on each customer's purchases since (`clv_scorecard.py`), written to
 `analytics_python.clv_scorecard` (one row per tenant and calibration date, kept as a series),
 `analytics_python.clv_scorecard_deciles` and `analytics_python.clv_scorecard_customers` (the
 latest per tenant).
@@ -15,27 +15,18 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from datetime import UTC, date, datetime
 
-import dagster as dg
 import numpy as np
 import psycopg
-from dagster_dbt import get_asset_key_for_model
 
-from cdp_assets.analytics.assets import (
-    HOLDOUT_SUMMARY_MODEL,
-    as_of_day,
-    dbt_holdout_summary,
-    dbt_tenant_models,
-    refresh_started,
-    run_tenants,
-)
 from cdp_assets.analytics.clv import BgNbdParams, GammaGammaParams
 from cdp_assets.analytics.clv_scorecard import Accuracy, Scorecard, score_holdout
-from cdp_assets.analytics.prediction_assets import FitInputs, holdout_predictions, read_fit_inputs
+from cdp_assets.analytics.prediction_refresh import (
+    HOLDOUT_SUMMARY_MODEL,
+    FitInputs,
+    read_fit_inputs,
+)
 from cdp_assets.analytics.predictions import Fit
-from cdp_assets.lib.warehouse import WarehouseResource
-from cdp_assets.partitions import tenants
 
-CHECK_NAME = "clv_beats_naive_baseline"
 # Purchase days and spend after the calibration date (the summary's as_of) up to the holdout's
 # end, per customer of the summary; merged per day as the summary merges them.
 HOLDOUT_ACTUALS_SQL = f"""
@@ -204,116 +195,3 @@ def _replace_customers(
     ) as copy:
         for row in columns:
             copy.write_row((inputs.tenant_id, inputs.as_of, *row))
-
-
-def _listed(tenant_ids: list[str]) -> dg.MetadataValue:
-    return dg.MetadataValue.md("\n".join(f"- {t}" for t in tenant_ids) or "none")
-
-
-def _figures(card: Scorecard) -> dict:
-    """Numbers plotted over time when the run is one tenant's."""
-    figures: dict = {
-        "customers": card.customers,
-        "holdout_days": card.holdout_days,
-        "beats_baseline": card.beats_baseline,
-    }
-    for quantity in ("purchases", "spend"):
-        for who in ("model", "baseline"):
-            accuracy = getattr(card, f"{who}_{quantity}")
-            if accuracy is None:
-                continue
-            figures[f"{who}/{quantity}_predicted"] = accuracy.predicted_total
-            figures[f"{who}/{quantity}_mae"] = accuracy.mean_absolute_error
-            for name in ("bias", "rank_correlation", "top_decile_share"):
-                value = getattr(accuracy, name)
-                if value is not None:
-                    figures[f"{who}/{quantity}_{name}"] = value
-    figures["actual/purchases"] = card.baseline_purchases.actual_total
-    figures["actual/spend"] = card.baseline_spend.actual_total
-    return figures
-
-
-def _deciles_table(card: Scorecard) -> str:
-    lines = [
-        "| decile | customers | purchases predicted | actual | baseline"
-        " | spend predicted | actual | baseline |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for d in card.deciles:
-        lines.append(
-            f"| {d.decile} | {d.customers} | {d.predicted_purchases:.3f} | {d.actual_purchases:.3f}"
-            f" | {d.baseline_purchases:.3f} | {d.predicted_spend:,.2f} | {d.actual_spend:,.2f}"
-            f" | {d.baseline_spend:,.2f} |"
-        )
-    return "\n".join(lines)
-
-
-def _tenants_table(scored: list[tuple[str, date, Scorecard]]) -> str:
-    lines = [
-        "| tenant | calibrated | model | spend MAE | baseline | top decile | baseline | beats |",
-        "|---|---|---|---:|---:|---:|---:|---|",
-    ]
-    for tenant_id, calibration_date, card in scored:
-        model, naive = card.model_spend, card.baseline_spend
-        mae = f"{model.mean_absolute_error:,.2f}" if model else "-"
-        top = f"{model.top_decile_share:.1%}" if model and model.top_decile_share else "-"
-        naive_top = f"{naive.top_decile_share:.1%}" if naive.top_decile_share else "-"
-        lines.append(
-            f"| {tenant_id} | {calibration_date} | {card.model} | {mae}"
-            f" | {naive.mean_absolute_error:,.2f} | {top} | {naive_top} | {card.beats_baseline} |"
-        )
-    return "\n".join(lines)
-
-
-@dg.asset(
-    name="clv_scorecard",
-    description="""How well CLV predicts, per tenant: the BG/NBD + Gamma-Gamma fit as of the
-    churn holdout's calibration date (holdout_predictions', fitted once) against each
-    customer's purchase days and spend since, beside a naive baseline (the customer's past
-    rate carried forward): error, bias, rank correlation, the top decile's share and a
-    calibration table by decile. Weekly, with the churn holdout; `beats_baseline` gates what
-    activation derives from CLV.""",
-    partitions_def=tenants,
-    backfill_policy=dg.BackfillPolicy.single_run(),
-    deps=[
-        get_asset_key_for_model([dbt_holdout_summary], HOLDOUT_SUMMARY_MODEL),
-        get_asset_key_for_model([dbt_tenant_models], "int_orders__purchases"),
-        holdout_predictions,
-    ],
-    group_name="marts",
-    kinds={"python", "scipy", "postgres"},
-    metadata={"dagster/table_name": "analytics_python.clv_scorecard"},
-    check_specs=[
-        dg.AssetCheckSpec(
-            CHECK_NAME,
-            asset="clv_scorecard",
-            description="The CLV model predicts the holdout better than the naive baseline"
-            " (warns, per tenant of the run, when it does not, or when the holdout's fit was"
-            " missing and the tenant was not scored).",
-        )
-    ],
-)
-def clv_scorecard(
-    context: dg.AssetExecutionContext, warehouse: WarehouseResource
-) -> dg.MaterializeResult:
-    holdout_end = date.fromisoformat(as_of_day(refresh_started(context)))
-    with warehouse.connect() as reader, warehouse.connect() as writer:
-        scored, unfitted = score_tenants(reader, writer, run_tenants(context), holdout_end)
-    failing = [tenant_id for tenant_id, _, card in scored if not card.beats_baseline]
-    check = dg.AssetCheckResult(
-        check_name=CHECK_NAME,
-        passed=not failing and not unfitted,
-        severity=dg.AssetCheckSeverity.WARN,
-        metadata={
-            "tenants_scored": len(scored),
-            "not_better_than_baseline": _listed(failing),
-            "not_scored_without_holdout_fit": _listed(unfitted),
-        },
-    )
-    metadata: dict = {"tenants": dg.MetadataValue.md(_tenants_table(scored))}
-    if len(scored) == 1:
-        _, calibration_date, card = scored[0]
-        metadata.update(_figures(card))
-        metadata["calibration_date"] = calibration_date.isoformat()
-        metadata["deciles"] = dg.MetadataValue.md(_deciles_table(card))
-    return dg.MaterializeResult(metadata=metadata, check_results=[check])
