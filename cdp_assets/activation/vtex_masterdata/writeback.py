@@ -135,6 +135,10 @@ def customer_fields(
         sql.SQL("coalesce(({})::text, '')").format(sql.SQL(VALUES[value]))
         for _, value in fields.fields
     )
+    # The documents are computed on their own, by the tenant: joined to the confirmed rows
+    # by their ids (cut from the records' ids, which the planner cannot estimate), the
+    # planner expected a handful and looked each document's values up one by one, the
+    # tenant's CLV ranking computed again for each, quadratic in the tenant's customers.
     members = sql.SQL(
         """
         WITH clv AS (
@@ -142,7 +146,7 @@ def customer_fields(
                    cume_dist() OVER (ORDER BY p.clv_1y DESC) AS top_share
             FROM analytics_python.customer_predictions p
             WHERE p.tenant_id = %(tenant_id)s AND p.clv_1y > 0
-        ), documents AS (
+        ), documents AS MATERIALIZED (
             SELECT substr(i.record_id, 4) AS document_id, ARRAY[{values}] AS field_values
             FROM intermediate.int_identity__customer_keys i
             JOIN marts.customers c USING (tenant_id, customer_key)
