@@ -25,9 +25,9 @@ from cdp_assets.tenants.runs import tenants_with_partitions
 
 @dg.sensor(
     job=activation_push,
-    minimum_interval_seconds=60,
+    minimum_interval_seconds=30,
     default_status=dg.DefaultSensorStatus.RUNNING,
-    description="Every minute, pushes the audiences whose membership changed since their last"
+    description="Every 30 seconds, pushes the audiences whose membership changed since their last"
     " sync: one run per destination asset (Meta, Google, VTEX collections and Master Data) and"
     " block of neighbouring tenants with a change on its platforms, none for a tenant whose"
     " push to that asset is queued or running. The same change never launches twice.",

@@ -23,7 +23,8 @@ from cdp_assets.activation.push_requests import change_requests, changed_audienc
 from cdp_assets.activation.vtex_masterdata.assets import vtex_masterdata_fields
 from cdp_assets.activation.vtex_masterdata.writeback import AUDIENCE as MASTERDATA_AUDIENCE
 from cdp_assets.activation.vtex_masterdata.writeback import DEFAULT_FIELDS, DEFAULT_UPDATED_AT_FIELD
-from cdp_assets.analytics.jobs import ANALYTICS_JOB, AUDIENCES_JOB, CHURN_HOLDOUT_JOB
+from cdp_assets.analytics.feed_changes import changes_requests
+from cdp_assets.analytics.jobs import ANALYTICS_JOB, AUDIENCES_JOB, CHANGES_JOB, CHURN_HOLDOUT_JOB
 from cdp_assets.partitions import (
     RANGE_END_TAG,
     RANGE_START_TAG,
@@ -31,14 +32,14 @@ from cdp_assets.partitions import (
     tenant_month_range_tags,
     tenants,
 )
-from cdp_assets.tenants.registry import list_tenants
+from cdp_assets.tenants.registry import Tenant, list_tenants
 from cdp_assets.tenants.runs import block_request, tenant_blocks
 from cdp_assets.vtex.client import CATALOG_WINDOW
 from cdp_assets.vtex.feed import FeedSettings, enabled_feeds, turn_feed_on
 from cdp_assets.vtex.jobs import FEED_SYNC_JOB, ORDERS_SYNC_JOB, TENANT_SYNC_JOB
 from cdp_assets.vtex.resources import VtexResource
 from cdp_assets.vtex.schedules import order_sync_requests
-from cdp_assets.vtex.sensors import feed_block_requests, feed_run_requests
+from cdp_assets.vtex.sensors import feed_block_requests
 from cdp_devkit.bench import clv_compare
 from cdp_devkit.bench.environment import (
     DBT_DURATION,
@@ -498,8 +499,9 @@ def _push(bench: Bench, platform: str, run_config: dict[str, Any] | None = None)
 # verdict; a push that still finds requests pending reads them again. More pushes than this
 # means the verdicts never come.
 SETTLING_PUSHES = 20
-# Per platform, the requests its first push sent and how long each waited for its verdict:
-# from the acknowledgement (sent_at) to the sync that read the verdict (settled_at).
+# Per platform, the requests its first push sent (from `since` on: a re-used database holds
+# earlier ones) and how long each waited for its verdict: from the acknowledgement (sent_at)
+# to the sync that read the verdict (settled_at).
 VERDICT_LATENCY_SQL = """
 SELECT count(*),
        count(*) FILTER (WHERE r.status = 'pending'),
@@ -507,13 +509,16 @@ SELECT count(*),
        max(extract(epoch FROM r.settled_at - r.sent_at))
   FROM cdp.destination_requests r
   JOIN cdp.destinations d USING (destination_id)
- WHERE d.platform = %s
+ WHERE d.platform = %s AND r.sent_at >= %s
 """
 
 
-def _settle(bench: Bench, platform: str, first: dict[str, Any]) -> dict[str, Any] | None:
-    """The pushes that read the platform's verdicts on the first push and confirm its members,
-    until none is pending; None for a platform that confirms on acknowledgement."""
+def _settle(
+    bench: Bench, platform: str, first: dict[str, Any], since: datetime
+) -> dict[str, Any] | None:
+    """The pushes that read the platform's verdicts on the first push (started at `since`) and
+    confirm its members, until none is pending; None for a platform that confirms on
+    acknowledgement."""
     if not first["pending"]:
         return None
     pushes: list[dict[str, Any]] = []
@@ -526,7 +531,7 @@ def _settle(bench: Bench, platform: str, first: dict[str, Any]) -> dict[str, Any
         pushes.append(_push(bench, platform))
     with bench.connect() as conn:
         requests_sent, still_pending, p50, latest = conn.execute(
-            VERDICT_LATENCY_SQL, (platform,)
+            VERDICT_LATENCY_SQL, (platform, since)
         ).fetchone()
     return {
         "pushes": len(pushes),
@@ -551,8 +556,9 @@ def run_activation(bench: Bench) -> StageResult:
     consistency = []
     with _stage(bench, "activation") as result:
         for platform in platforms:
+            since = datetime.now(UTC)
             first = _push(bench, platform)
-            settling = _settle(bench, platform, first)
+            settling = _settle(bench, platform, first, since)
             resync = _push(bench, platform)
             pushes[platform] = {"first_push": first, "unchanged_resync": resync}
             settled = ""
@@ -749,19 +755,39 @@ def _drain_feeds(bench: Bench) -> list[RunRecord]:
     while True:
         with bench.connect() as conn:
             feeds = enabled_feeds(conn)
-        now = datetime.now(UTC)
-        due = feed_run_requests(feeds, set(partition_order), set(), now)
-        requests = feed_block_requests(due, feeds, partition_order, now)
+        requests = feed_block_requests(feeds, partition_order, set(), datetime.now(UTC))
         if not requests:
             return runs
         runs += bench.runner.run_all([_as_run(FEED_SYNC_JOB, request) for request in requests])
 
 
+def _changes_refreshes(
+    bench: Bench, tenant_rows: list[Tenant], since: datetime
+) -> list[RunRequest]:
+    """What `feed_changes_sensor` requests once the drains landed orders: one refresh of the
+    analytics and audiences per block of the tenants whose orders landed since `since` (every
+    tenant here, with changed orders in each store)."""
+    with bench.connect() as conn:
+        landed = {
+            tenant_id
+            for (tenant_id,) in conn.execute(
+                "SELECT DISTINCT tenant_id FROM raw_vtex.orders WHERE synced_at >= %s", (since,)
+            )
+        }
+    order = bench.instance.get_dynamic_partitions(tenants.name)
+    return [
+        _as_run(CHANGES_JOB, request)
+        for request in changes_requests(landed, tenant_rows, order, f"landed-{since:%H%M%S}")
+    ]
+
+
 def run_increment(bench: Bench) -> StageResult:
     """New and changed orders appear in every store, whose orders feed is on; then what
     production runs next: the 48-hour order sync of every tenant (as the twice-daily schedule
-    requests it), a drain of every feed (the changes to orders older than 48 hours), analytics,
-    audiences and activation. Timed from the increment being in the sandbox to the last push."""
+    requests it), a drain of every feed (the changes to orders older than 48 hours), the refresh
+    of analytics and audiences that the drains' landings request (the chain's, one run for
+    the tenants concerned), and activation. Timed from the increment being in the sandbox to
+    the last push."""
     plan = dict(zip(bench.tenant_ids, bench.scale.increment(), strict=True))
     turn_feeds_on(bench)
     at = datetime.now(UTC)
@@ -785,7 +811,8 @@ def run_increment(bench: Bench) -> StageResult:
             )
         with watch.part("feed_drain"):
             runs += _drain_feeds(bench)
-        _refresh_analytics(bench, watch, runs)
+        with watch.part("refresh"):
+            runs += bench.runner.run_all(_changes_refreshes(bench, tenant_rows, at))
         with watch.part("activation"), bench.connect() as conn:
             # What the audience-change sensor requests on its next tick.
             changes = change_requests(

@@ -15,8 +15,8 @@ import pytest
 
 from cdp_assets.activation.jobs import activation_push
 from cdp_assets.analytics.dbt_project import DBT_PROJECT_DIR
-from cdp_assets.analytics.jobs import ANALYTICS_JOB, AUDIENCES_JOB
-from cdp_assets.vtex.jobs import ORDERS_SYNC_JOB
+from cdp_assets.analytics.jobs import ANALYTICS_JOB, AUDIENCES_JOB, CHANGES_JOB
+from cdp_assets.vtex.jobs import FEED_SYNC_JOB, ORDERS_SYNC_JOB
 from cdp_devkit.bench import SCALES, run_bench
 from cdp_devkit.bench.report import render_summary
 
@@ -100,6 +100,15 @@ def test_sandbox_rate_and_run_breakdown_are_reported(small):
     assert not holdout & set(stages["analytics"]["step_seconds"])
     assert not holdout & set(stages["increment"]["step_seconds"])
     assert "dbt_tenant_scoring" in stages["increment"]["step_seconds"]
+    # After the drains, the chain's refresh: analytics and audiences in one run.
+    increment = stages["increment"]
+    assert list(increment["parts_seconds"]) == [
+        "orders_sync",
+        "feed_drain",
+        "refresh",
+        "activation",
+    ]
+    assert {"dbt_tenant_models", "dbt_audiences"} <= set(increment["step_seconds"])
 
 
 def test_scaling_names_each_runs_machine_speed(small):
@@ -137,8 +146,8 @@ def test_each_run_has_a_fresh_worker_and_each_stage_names_its_largest(small):
     assert stages["analytics"]["largest_run_peak"]["runs"] == 2
     assert stages["increment"]["largest_run_peak"]["job"] in {
         ORDERS_SYNC_JOB,
-        ANALYTICS_JOB,
-        AUDIENCES_JOB,
+        FEED_SYNC_JOB,
+        CHANGES_JOB,
         activation_push.name,
     }
     summary = (folder / "summary.md").read_text()

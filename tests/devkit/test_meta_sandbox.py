@@ -23,7 +23,7 @@ from facebook_business.exceptions import FacebookRequestError
 from facebook_business.session import FacebookSession
 
 from cdp_devkit.sandbox import META_FAULT_KINDS, MetaSandbox
-from cdp_devkit.sandbox.meta.graph import GraphLimits
+from cdp_devkit.sandbox.meta.graph import GraphLimits, minutes_to_regain
 
 TOKEN = "sandbox-token"
 OTHER_TOKEN = "other-token"
@@ -605,6 +605,16 @@ def test_audience_listings_are_paged_25_at_a_time(
     # The SDK's cursor follows the pages to the end.
     listed = account.get_custom_audiences(fields=["name"])
     assert [a["name"] for a in listed] == [f"paged {n}" for n in range(60)]
+
+
+def test_minutes_to_regain_are_whole_minutes_of_the_wait_not_of_its_float_error() -> None:
+    # A monotonic clock reading at which now + 300 - now is 300.00000000006.
+    now = 524053.39072207216
+    assert (now + 300) - now > 300
+    assert minutes_to_regain(now + 300, now) == 5
+    assert minutes_to_regain(now + 300.5, now) == 6
+    assert minutes_to_regain(now + 1, now) == 1
+    assert minutes_to_regain(now, now) == 0
 
 
 def usage_headers(response: requests.Response) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -28,7 +28,12 @@ from cdp_assets.vtex.feed import (
     turn_feed_off,
     turn_feed_on,
 )
-from cdp_assets.vtex.sensors import IDLE_POLL, feed_run_requests, vtex_orders_feed_sensor
+from cdp_assets.vtex.sensors import (
+    IDLE_POLL,
+    feed_block_requests,
+    feed_run_requests,
+    vtex_orders_feed_sensor,
+)
 from cdp_assets.vtex.sync import Landing, sync_orders
 from cdp_devkit.sandbox import SandboxProcess, StoreSpec
 from cdp_devkit.sandbox.vtex.faults import FEED_EVENT_DEFECTS
@@ -524,7 +529,20 @@ def test_run_requests_skip_tenants_in_flight_idle_or_without_a_partition():
     requests = feed_run_requests(feeds, keys, {"running"}, now)
     assert [r.partition_key for r in requests] == ["busy", "never_drained", "idle_long_ago"]
     assert requests[0].tags["dagster/priority"] == "-1"
-    assert requests[0].run_key == "busy|202606011200"
+    assert requests[0].run_key == "busy|20260601120000"
+
+
+def test_ticks_of_one_minute_request_runs_of_their_own():
+    # The sensor ticks every 30 seconds: a key per minute would make Dagster drop the second
+    # tick's drains as already requested.
+    feeds = [feed("first", 1, None, None), feed("second", 2, None, None)]
+    order = ["first", "second"]
+    tick = datetime(2026, 6, 1, 12, tzinfo=UTC)
+    keys = [
+        {r.run_key for r in feed_block_requests(feeds, order, set(), tick + offset)}
+        for offset in (timedelta(0), timedelta(seconds=30))
+    ]
+    assert keys == [{"first..second|20260601120000"}, {"first..second|20260601120030"}]
 
 
 def test_sensor_requests_drains_only_for_tenants_with_the_feed_on(conn, sandbox):

@@ -350,6 +350,13 @@ def _no_route(call: _Call) -> dict[str, Any]:
     raise _unsupported(call.method, segments[-1] if segments else "")
 
 
+def minutes_to_regain(until: float, now: float) -> int:
+    """The throttle's wait in whole minutes, as Meta reports it, from the wait to the
+    millisecond: a float sum such as now + 300 - now may exceed 300 by a hair and round up a
+    minute too many."""
+    return math.ceil(round(until - now, 3) / 60) if until > now else 0
+
+
 class _Usage:
     """Calls per ad account in the rolling window, and the accounts throttled until when."""
 
@@ -375,9 +382,7 @@ class _Usage:
             if len(calls) > limits.calls_per_window:
                 until = self.throttled_until[account] = now + limits.throttle_seconds
         percent = min(100, round(100 * len(calls) / limits.calls_per_window))
-        # In whole minutes, from the wait to the millisecond: a float sum such as
-        # now + 300 - now may exceed 300 by a hair and round up a minute too many.
-        regain = math.ceil(round(until - now, 3) / 60) if until > now else 0
+        regain = minutes_to_regain(until, now)
         usage = {
             "type": "custom_audience",
             "call_count": percent,
