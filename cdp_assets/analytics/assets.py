@@ -18,7 +18,7 @@ from cdp_assets.analytics.clv_scorecard import Scorecard
 from cdp_assets.analytics.dbt_metadata import (
     freshness_metadata,
     holdout_metadata,
-    previous_refresh,
+    previous_refreshes,
     segment_metadata,
     source_landings,
 )
@@ -218,9 +218,7 @@ def dbt_audiences(context: dg.AssetExecutionContext, dbt: CdpDbtCliResource):
     exposures, where each audience is sent."""
     tenant_ids = run_tenants(context)
     catalog = dg.AssetKey("audience_catalog")
-    previous = {
-        tenant_id: previous_refresh(context, catalog, tenant_id) for tenant_id in tenant_ids
-    }
+    previous = previous_refreshes(context.instance, catalog, tenant_ids)
     with WarehouseResource().connect() as conn:
         landings = source_landings(conn, previous)
     for event in _run_dbt(context, dbt, tenant_ids):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+from datetime import UTC, datetime
 
 import dagster as dg
 import psycopg
@@ -13,6 +14,7 @@ import pytest
 from support import register, store_from_history_start, sync
 
 from cdp_assets.analytics.assets import dbt_audiences
+from cdp_assets.analytics.dbt_metadata import previous_refreshes
 from cdp_assets.analytics.dbt_project import dbt_resource
 from cdp_assets.analytics.jobs import CHANGES_JOB
 from cdp_assets.definitions import defs
@@ -121,6 +123,21 @@ def test_a_tenants_refresh_replaces_its_rows_and_leaves_other_tenants_untouched(
     ).fetchone()
     assert metadata["source_landed_at"].value == pytest.approx(float(landed))
     assert "per_a" in metadata["source_freshness"].value
+
+
+def test_the_previous_refresh_of_each_tenant_is_read_in_one_go(built, instance):
+    catalog = dg.AssetKey("audience_catalog")
+    assert refresh(instance, "per_b").success  # per_b's latest refresh is now its own run's
+
+    def latest(tenant_id: str) -> datetime:
+        (record,) = instance.fetch_materializations(
+            dg.AssetRecordsFilter(asset_key=catalog, asset_partitions=[tenant_id]), limit=1
+        ).records
+        return datetime.fromtimestamp(record.timestamp, UTC)
+
+    refreshed = previous_refreshes(instance, catalog, ["per_a", "per_b", "per_never"])
+    assert refreshed == {"per_a": latest("per_a"), "per_b": latest("per_b"), "per_never": None}
+    assert refreshed["per_a"] != refreshed["per_b"]
 
 
 def test_readers_see_a_tenants_members_throughout_its_refresh(built, conn, instance, warehouse_url):
