@@ -11,6 +11,7 @@ pause that every caller honours once VTEX answered 429.
 
 from __future__ import annotations
 
+import os
 import threading
 
 import psycopg
@@ -43,17 +44,62 @@ ON CONFLICT (account) DO UPDATE SET
 """
 
 
+def application_name() -> str:
+    """How this process's budget session shows in pg_stat_activity."""
+    return f"cdp vtex budget (pid {os.getpid()})"
+
+
+class _BudgetSessions:
+    """This process's session on each budget database, shared by every account's budget: a
+    budget takes a batch of tokens at most four times a second, so one session serves all
+    the accounts of a process, where one each held a session per account for the process's
+    life (a drain over 41 tenants held 41, and the runs of a busy fleet ran out of
+    connections)."""
+
+    def __init__(self) -> None:
+        self._by_url: dict[str, psycopg.Connection] = {}
+        self._lock = threading.Lock()
+        self._inherited: list[psycopg.Connection] = []
+        os.register_at_fork(after_in_child=self._forget_parents)
+
+    def _forget_parents(self) -> None:
+        # A forked child must neither use the parent's sessions nor close them (closing sends
+        # the server a goodbye on the parent's socket): they are kept, unused.
+        self._inherited += self._by_url.values()
+        self._by_url = {}
+        self._lock = threading.Lock()
+
+    def execute(self, url: str, query: str, params: dict[str, object]) -> tuple:
+        with self._lock:
+            conn = self._by_url.get(url)
+            try:
+                if conn is None or conn.closed:
+                    conn = self._by_url[url] = connect(
+                        url, autocommit=True, application_name=application_name()
+                    )
+                cursor = conn.execute(query, params)
+                return (cursor.fetchone() or ()) if cursor.description else ()
+            except psycopg.OperationalError:
+                if conn is not None:
+                    conn.close()
+                # Connect again next time: the server may have restarted.
+                self._by_url.pop(url, None)
+                raise
+
+
+_SESSIONS = _BudgetSessions()
+
+
 class SharedBudget:
     """One account's budget at `rate` requests per second, as seen by this process."""
 
     def __init__(self, url: str, account: str, rate: float) -> None:
         self.url, self.account, self.rate = url, account, rate
-        self._conn: psycopg.Connection | None = None
-        self._lock = threading.Lock()
 
     def take(self, tokens: float) -> float:
         """Take `tokens`: the seconds to wait before spending them (0 when they were there)."""
-        (wait,) = self._execute(
+        (wait,) = _SESSIONS.execute(
+            self.url,
             _TAKE,
             {"account": self.account, "rate": self.rate, "capacity": self.rate, "take": tokens},
         )
@@ -61,17 +107,4 @@ class SharedBudget:
 
     def pause(self, seconds: float) -> None:
         """No caller of the account takes tokens for the next `seconds` (VTEX answered 429)."""
-        self._execute(_PAUSE, {"account": self.account, "seconds": seconds})
-
-    def _execute(self, query: str, params: dict[str, object]) -> tuple:
-        with self._lock:
-            try:
-                if self._conn is None or self._conn.closed:
-                    self._conn = connect(self.url, autocommit=True)
-                cursor = self._conn.execute(query, params)
-                return (cursor.fetchone() or ()) if cursor.description else ()
-            except psycopg.OperationalError:
-                if self._conn is not None:
-                    self._conn.close()
-                self._conn = None  # connect again next time: the server may have restarted
-                raise
+        _SESSIONS.execute(self.url, _PAUSE, {"account": self.account, "seconds": seconds})
