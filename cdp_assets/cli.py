@@ -380,7 +380,7 @@ def _set_active(tenant_id: str, active: bool) -> None:
     "--on/--off",
     "on",
     required=True,
-    help="Configure the tenant's VTEX orders feed (v3) and drain it every minute, or stop"
+    help="Configure the tenant's VTEX orders feed (v3) and drain it every 30 seconds, or stop"
     " draining it and delete it on VTEX.",
 )
 @click.option(

@@ -16,7 +16,7 @@ HOUR = 3600
 RUN_BOUNDS = {
     "vtex_tenant_sync": 6 * HOUR,  # a large catalog and Master Data at 80 requests/s
     "vtex_orders_sync": 8 * HOUR,  # up to 24 months of a large tenant's orders
-    "vtex_orders_feed_sync": 30 * 60,  # at most 1,000 events, every minute
+    "vtex_orders_feed_sync": 30 * 60,  # at most 1,000 events, every 30 seconds
     "analytics_tenant_refresh": 3 * HOUR,
     "churn_holdout_refresh": 3 * HOUR,
     "audiences_refresh": 2 * HOUR,

@@ -44,20 +44,26 @@ ON CONFLICT (account) DO UPDATE SET
 """
 
 
+# Sessions of one process on one budget database, at most.
+SESSIONS_PER_DATABASE = 4
+
+
 def application_name() -> str:
     """How this process's budget session shows in pg_stat_activity."""
     return f"cdp vtex budget (pid {os.getpid()})"
 
 
 class _BudgetSessions:
-    """This process's session on each budget database, shared by every account's budget: a
-    budget takes a batch of tokens at most four times a second, so one session serves all
+    """This process's sessions on each budget database, shared by every account's budget: a
+    budget takes a batch of tokens at most four times a second, so a few sessions serve all
     the accounts of a process, where one each held a session per account for the process's
     life (a drain over 41 tenants held 41, and the runs of a busy fleet ran out of
-    connections)."""
+    connections). Up to SESSIONS_PER_DATABASE statements run at once, so one slow statement
+    (a connect timing out, a busy row) does not hold back every account."""
 
     def __init__(self) -> None:
-        self._by_url: dict[str, psycopg.Connection] = {}
+        self._idle: dict[str, list[psycopg.Connection]] = {}
+        self._slots: dict[str, threading.BoundedSemaphore] = {}
         self._lock = threading.Lock()
         self._inherited: list[psycopg.Connection] = []
         os.register_at_fork(after_in_child=self._forget_parents)
@@ -65,26 +71,30 @@ class _BudgetSessions:
     def _forget_parents(self) -> None:
         # A forked child must neither use the parent's sessions nor close them (closing sends
         # the server a goodbye on the parent's socket): they are kept, unused.
-        self._inherited += self._by_url.values()
-        self._by_url = {}
+        self._inherited += [conn for idle in self._idle.values() for conn in idle]
+        self._idle, self._slots = {}, {}
         self._lock = threading.Lock()
 
     def execute(self, url: str, query: str, params: dict[str, object]) -> tuple:
         with self._lock:
-            conn = self._by_url.get(url)
+            slots = self._slots.setdefault(url, threading.BoundedSemaphore(SESSIONS_PER_DATABASE))
+        with slots:
+            with self._lock:
+                idle = self._idle.setdefault(url, [])
+                conn = idle.pop() if idle else None
             try:
                 if conn is None or conn.closed:
-                    conn = self._by_url[url] = connect(
-                        url, autocommit=True, application_name=application_name()
-                    )
+                    conn = connect(url, autocommit=True, application_name=application_name())
                 cursor = conn.execute(query, params)
-                return (cursor.fetchone() or ()) if cursor.description else ()
+                result = (cursor.fetchone() or ()) if cursor.description else ()
             except psycopg.OperationalError:
+                # Not kept: the next statement connects again (the server may have restarted).
                 if conn is not None:
                     conn.close()
-                # Connect again next time: the server may have restarted.
-                self._by_url.pop(url, None)
                 raise
+            with self._lock:
+                self._idle[url].append(conn)
+            return result
 
 
 _SESSIONS = _BudgetSessions()

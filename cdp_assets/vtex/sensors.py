@@ -15,7 +15,7 @@ from cdp_assets.tenants.runs import block_request, run_priority, run_tenants_of,
 from cdp_assets.vtex.feed import FeedState, enabled_feeds
 from cdp_assets.vtex.jobs import FEED_SYNC_JOB, vtex_orders_feed_sync
 
-# A feed whose last drain found nothing is polled this often instead of every minute: the
+# A feed whose last drain found nothing is polled this often instead of every tick: the
 # first order after a quiet spell waits up to this long, within the minutes an order takes
 # to reach the ad platforms; the drains of neighbouring tenants share a run.
 IDLE_POLL = timedelta(minutes=2)
