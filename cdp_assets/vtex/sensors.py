@@ -11,7 +11,8 @@ import dagster as dg
 
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.partitions import TENANT_PARTITIONS
-from cdp_assets.tenants.runs import block_request, run_priority, run_tenants_of, tenant_blocks
+from cdp_assets.tenants.registry import Tenant
+from cdp_assets.tenants.runs import block_request, run_tenants_of, tenant_blocks
 from cdp_assets.vtex.feed import FeedState, enabled_feeds
 from cdp_assets.vtex.jobs import FEED_SYNC_JOB, vtex_orders_feed_sync
 
@@ -27,31 +28,23 @@ IN_FLIGHT = [
 ]
 
 
-def feed_run_requests(
+def due_feeds(
     feeds: list[FeedState], partition_keys: set[str], in_flight: set[str], now: datetime
-) -> list[dg.RunRequest]:
-    """One drain run per tenant whose feed is on and has a partition, in priority order, unless
-    one is queued or running already, or its last drain found nothing less than IDLE_POLL ago.
-    """
-    requests = []
-    for feed in feeds:
-        tenant_id = feed.tenant.tenant_id
-        if tenant_id not in partition_keys or tenant_id in in_flight:
-            continue
-        if (
+) -> list[Tenant]:
+    """The tenants whose feed is on and has a partition, in priority order, but those with a
+    drain queued or running already, or whose last drain found nothing less than IDLE_POLL
+    ago."""
+    return [
+        feed.tenant
+        for feed in feeds
+        if feed.tenant.tenant_id in partition_keys
+        and feed.tenant.tenant_id not in in_flight
+        and not (
             feed.last_events == 0
             and feed.last_drained_at is not None
             and now - feed.last_drained_at < IDLE_POLL
-        ):
-            continue
-        requests.append(
-            dg.RunRequest(
-                run_key=f"{tenant_id}|{now:%Y%m%d%H%M%S}",
-                partition_key=tenant_id,
-                tags=run_priority(feed.tenant),
-            )
         )
-    return requests
+    ]
 
 
 def feed_runs_in_flight(instance: dg.DagsterInstance, partition_order: Sequence[str]) -> set[str]:
@@ -63,13 +56,10 @@ def feed_runs_in_flight(instance: dg.DagsterInstance, partition_order: Sequence[
 def feed_block_requests(
     feeds: list[FeedState], partition_order: Sequence[str], in_flight: set[str], now: datetime
 ) -> list[dg.RunRequest]:
-    """The drains due (feed_run_requests) as one run per block of neighbouring tenants."""
-    due = feed_run_requests(feeds, set(partition_order), in_flight, now)
-    due_ids = {request.partition_key for request in due}
-    due_tenants = [feed.tenant for feed in feeds if feed.tenant.tenant_id in due_ids]
+    """The drains due (due_feeds) as one run per block of neighbouring tenants."""
+    due = due_feeds(feeds, set(partition_order), in_flight, now)
     return [
-        block_request(block, f"{now:%Y%m%d%H%M%S}")
-        for block in tenant_blocks(partition_order, due_tenants)
+        block_request(block, f"{now:%Y%m%d%H%M%S}") for block in tenant_blocks(partition_order, due)
     ]
 
 

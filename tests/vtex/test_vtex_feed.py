@@ -30,8 +30,8 @@ from cdp_assets.vtex.feed import (
 )
 from cdp_assets.vtex.sensors import (
     IDLE_POLL,
+    due_feeds,
     feed_block_requests,
-    feed_run_requests,
     vtex_orders_feed_sensor,
 )
 from cdp_assets.vtex.sync import Landing, sync_orders
@@ -515,7 +515,7 @@ def feed(tenant_id: str, priority: int, drained_ago: timedelta | None, events: i
     return FeedState(tenant, None if drained_ago is None else now - drained_ago, events)
 
 
-def test_run_requests_skip_tenants_in_flight_idle_or_without_a_partition():
+def test_drains_skip_tenants_in_flight_idle_or_without_a_partition():
     now = datetime(2026, 6, 1, 12, tzinfo=UTC)
     feeds = [
         feed("busy", 1, timedelta(minutes=1), 40),
@@ -526,10 +526,16 @@ def test_run_requests_skip_tenants_in_flight_idle_or_without_a_partition():
         feed("no_partition", 6, None, None),
     ]
     keys = {f.tenant.tenant_id for f in feeds} - {"no_partition"}
-    requests = feed_run_requests(feeds, keys, {"running"}, now)
-    assert [r.partition_key for r in requests] == ["busy", "never_drained", "idle_long_ago"]
+    due = due_feeds(feeds, keys, {"running"}, now)
+    assert [tenant.tenant_id for tenant in due] == ["busy", "never_drained", "idle_long_ago"]
+    # Neighbours in the partition order share a run, with the most urgent one's priority.
+    order = [f.tenant.tenant_id for f in feeds if f.tenant.tenant_id in keys]
+    requests = feed_block_requests(feeds, order, {"running"}, now)
+    assert [r.run_key for r in requests] == [
+        "busy..never_drained|20260601120000",
+        "idle_long_ago..idle_long_ago|20260601120000",
+    ]
     assert requests[0].tags["dagster/priority"] == "-1"
-    assert requests[0].run_key == "busy|20260601120000"
 
 
 def test_ticks_of_one_minute_request_runs_of_their_own():
