@@ -889,7 +889,10 @@ def test_the_manifest_freshness_check_reads_the_project_not_dbts_output():
 def test_the_definitions_load_a_manifest_no_plain_dbt_command_writes():
     # `dbt parse` / `dbt build` in the project rewrite target/manifest.json in place.
     assert MANIFEST_PATH != DBT_PROJECT_DIR / "target" / "manifest.json"
-    (DBT_PROJECT_DIR / "models" / "marts" / "customers.sql").touch()  # the project changed
+    changed = DBT_PROJECT_DIR / "models" / "marts" / "customers.sql"
+    changed.touch()
     assert ensure_manifest() == MANIFEST_PATH
-    assert MANIFEST_PATH.stat().st_mtime >= max(p.stat().st_mtime for p in project_files())
+    # Against the file this test changed: other workers' refreshes rewrite the exposures file
+    # meanwhile, and the next load parses again for that.
+    assert MANIFEST_PATH.stat().st_mtime >= changed.stat().st_mtime
     assert not list((DBT_PROJECT_DIR / "target").glob("parse-*"))  # no parse folder left
