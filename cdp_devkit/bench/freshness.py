@@ -4,8 +4,8 @@ With the orders feed on for every tenant, the seed's daily increment (new orders
 changes) is created in the sandbox stores at an even pace, one day's worth in 30 minutes, for
 a window of 30 minutes (`CDP_BENCH_FRESHNESS_MINUTES`: a shorter one for a smoke run), while
 Dagster's own daemon runs the platform's sensors, automation and run queue on the bench's
-instance: nothing is launched by hand. Then each event is followed through what the platform
-recorded:
+instance: nothing is launched by hand, and no schedule runs (`stop_schedules`). Then each
+event is followed through what the platform recorded:
 
 - landed: its order's row in raw_vtex.orders changed at or after the event;
 - refreshed: the end of the first audience refresh of its tenant whose run started after it
@@ -35,6 +35,9 @@ from pathlib import Path
 from typing import Any
 
 import dagster as dg
+from dagster._cli.workspace.cli_target import get_repository_from_cli_opts
+from dagster.version import __version__ as dagster_version
+from dagster_shared.cli import WorkspaceOpts
 
 from cdp_assets.activation.meta.assets import meta_custom_audiences
 from cdp_assets.activation.push_requests import changed_audiences
@@ -90,6 +93,24 @@ def window_minutes() -> float:
 def slice_share(total: int, index: int, slices: int) -> int:
     """Slice `index`'s part of `total` spread evenly over `slices` (the parts add up)."""
     return total * (index + 1) // slices - total * index // slices
+
+
+def stop_schedules(instance: dg.DagsterInstance) -> list[str]:
+    """Every schedule of the workspace stopped on the bench's instance, as `dagster schedule
+    stop` stops one; their names. The window compresses a day's events, not its schedules: a
+    daily schedule due in it (seen: the catalog and customers sync of all 41 tenants, due at
+    05:00 in Buenos Aires) would load half an hour with a whole day's syncs, and only when the
+    bench runs at that hour."""
+    with get_repository_from_cli_opts(
+        instance=instance,
+        version=dagster_version,
+        workspace_opts=WorkspaceOpts(workspace=[str(PROJECT_ROOT / "workspace.yaml")]),
+        repository_opts=None,
+    ) as repository:
+        schedules = repository.get_schedules()
+        for schedule in schedules:
+            instance.stop_schedule(schedule.get_remote_origin_id(), schedule.selector_id, schedule)
+    return sorted(schedule.name for schedule in schedules)
 
 
 @contextmanager
@@ -296,6 +317,7 @@ def run_freshness(bench: Bench) -> StageResult:
     followed to the platform."""
     minutes = window_minutes()
     log_path = cdp_home() / "bench-daemon.log"
+    stopped = stop_schedules(bench.instance)
     since = datetime.now(UTC)
     with (
         stage("freshness", bench.url) as result,
@@ -321,6 +343,7 @@ def run_freshness(bench: Bench) -> StageResult:
         "changed_orders": len(events) - new,
         **summary,
         "runs_by_job": runs_by_job(bench.instance, since),
+        "schedules_stopped": stopped,
         "settled_within_seconds": round(
             (datetime.now(UTC) - since - timedelta(minutes=minutes)).total_seconds(), 1
         ),
