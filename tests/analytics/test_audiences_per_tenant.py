@@ -1,6 +1,7 @@
-"""Audiences refreshed one tenant at a time: a tenant's refresh replaces its rows of every
-audience and touches no other tenant's; a reader sees the tenant's old members until the new
-ones commit, never none; each refresh says how far behind its source it was."""
+"""Audiences refreshed one tenant at a time: a tenant's refresh makes its rows of every
+audience the query's, writing only those that changed, and touches no other tenant's; a
+reader sees the tenant's old members until the new ones commit, never none; each refresh says
+how far behind its source it was."""
 
 from __future__ import annotations
 
@@ -60,16 +61,33 @@ def audience_names(conn: psycopg.Connection) -> list[str]:
     ]
 
 
-def row_versions(conn: psycopg.Connection, tenant_id: str) -> dict[str, set[tuple[str, str]]]:
-    """Each audience's rows of the tenant by physical version: a rewritten row has a new one."""
+def row_versions(conn: psycopg.Connection, tenant_id: str) -> dict[str, dict[str, str]]:
+    """Each audience's rows of the tenant, customer key -> physical version: a rewritten row
+    has a new one."""
     return {
-        audience: set(
+        audience: dict(
             conn.execute(
-                f"SELECT ctid::text, xmin::text FROM audiences.{audience} WHERE tenant_id = %s",
+                f"SELECT customer_key, ctid::text || xmin::text FROM audiences.{audience}"
+                " WHERE tenant_id = %s",
                 (tenant_id,),
             ).fetchall()
         )
         for audience in audience_names(conn)
+    }
+
+
+def audience_rows(conn: psycopg.Connection, tenant_id: str, audiences: list[str]) -> dict:
+    """Each audience's rows of the tenant, whole, in a fixed order."""
+    return {
+        audience: [
+            row
+            for (row,) in conn.execute(
+                f"SELECT to_jsonb(a)::text FROM audiences.{audience} a WHERE tenant_id = %s"
+                " ORDER BY customer_key",
+                (tenant_id,),
+            )
+        ]
+        for audience in audiences
     }
 
 
@@ -109,8 +127,22 @@ def test_a_tenants_refresh_replaces_its_rows_and_leaves_other_tenants_untouched(
     assert result.success
     assert promoted in champions(conn, "per_a")
     assert row_versions(conn, "per_b") == others
-    rewritten = row_versions(conn, "per_a")
-    assert all(not (rewritten[a] & mine[a]) for a in mine if mine[a])
+    # Only what changed is written: the promoted customer joined the Champions and left their
+    # old segment's audience; every other member's row is the one it was.
+    after = row_versions(conn, "per_a")
+    assert after[CHAMPIONS].keys() - mine[CHAMPIONS].keys() == {promoted}
+    left = {audience for audience in mine if promoted in mine[audience].keys() - after[audience]}
+    assert len(left) == 1 and left < {a for a in mine if a.startswith("audience_rfm_")}
+    for audience, rows in mine.items():
+        kept = {key: version for key, version in rows.items() if key != promoted}
+        assert {key: after[audience].get(key) for key in kept} == kept, audience
+    # And the rows are those of a build from nothing: the tenant's rows removed, then refreshed.
+    written = audience_rows(conn, "per_a", list(mine))
+    for audience in mine:
+        conn.execute(f"DELETE FROM audiences.{audience} WHERE tenant_id = 'per_a'")
+    conn.commit()
+    assert refresh(instance, "per_a").success
+    assert audience_rows(conn, "per_a", list(mine)) == written
 
     # The refresh says how old the source it read was, for its tenant's partition.
     (event,) = [
@@ -141,14 +173,16 @@ def test_the_previous_refresh_of_each_tenant_is_read_in_one_go(built, instance):
 
 
 def test_readers_see_a_tenants_members_throughout_its_refresh(built, conn, instance, warehouse_url):
-    """The refresh is held after it deleted the tenant's rows (its delete is in, its query
-    waits for the marts): a reader meanwhile counts the tenant's old members, then the new."""
+    """The refresh is held after it wrote the tenant's rows (its delete and insert are in,
+    uncommitted; its last statement, the table's comment, waits): a reader meanwhile sees the
+    tenant's old members, then the new."""
     before = champions(conn, "per_a")
     assert before
     promoted = promote_to_champion(conn, "per_a")
     outcome: dict[str, dg.ExecuteInProcessResult] = {}
     with psycopg.connect(warehouse_url) as holder:
-        holder.execute("LOCK TABLE marts.rfm_segments IN ACCESS EXCLUSIVE MODE")
+        # Readers and writers pass this lock; the comment waits for it.
+        holder.execute(f"LOCK TABLE audiences.{CHAMPIONS} IN SHARE UPDATE EXCLUSIVE MODE")
         worker = threading.Thread(
             target=lambda: outcome.update(result=refresh(instance, "per_a", CHAMPIONS))
         )
@@ -157,7 +191,6 @@ def test_readers_see_a_tenants_members_throughout_its_refresh(built, conn, insta
         while (waiting := refresh_waiting(conn)) is None:
             assert worker.is_alive() and time.monotonic() < deadline, "the refresh never waited"
             time.sleep(0.2)
-        # Its delete of the tenant's rows is in, uncommitted, in the same transaction.
         assert holds_write_lock(conn, waiting)
         with psycopg.connect(warehouse_url, autocommit=True) as reader:
             assert {
@@ -173,9 +206,10 @@ def test_readers_see_a_tenants_members_throughout_its_refresh(built, conn, insta
 
 
 def refresh_waiting(conn: psycopg.Connection) -> int | None:
-    """The backend waiting to read the RFM segments (the refresh's query), if any."""
+    """The backend waiting for a lock on the champions (the refresh's comment), if any."""
     row = conn.execute(
-        "SELECT pid FROM pg_locks WHERE NOT granted AND relation = 'marts.rfm_segments'::regclass"
+        "SELECT pid FROM pg_locks WHERE NOT granted AND relation = %s::regclass",
+        (f"audiences.{CHAMPIONS}",),
     ).fetchone()
     conn.commit()
     return row[0] if row else None
