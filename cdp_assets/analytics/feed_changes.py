@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 
 import dagster as dg
 
-from cdp_assets.analytics.jobs import CHANGES_ASSETS, asset_keys
 from cdp_assets.tenants.runs import block_request, tenant_blocks
 from cdp_assets.vtex.assets import TENANTS_LANDED, vtex_orders_feed
 
@@ -81,8 +80,4 @@ def changes_requests(
 ) -> list[dg.RunRequest]:
     """One refresh per block of neighbouring due tenants (active, with a partition)."""
     concerned = [tenant for tenant in tenant_rows if tenant.tenant_id in due]
-    selection = asset_keys(CHANGES_ASSETS)
-    return [
-        block_request(block, run_key, selection)
-        for block in tenant_blocks(partition_order, concerned)
-    ]
+    return [block_request(block, run_key) for block in tenant_blocks(partition_order, concerned)]

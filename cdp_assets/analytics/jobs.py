@@ -24,15 +24,6 @@ AUDIENCES_JOB = "audiences_refresh"
 CHURN_HOLDOUT_JOB = "churn_holdout_refresh"
 
 
-def asset_keys(assets: Sequence[dg.AssetsDefinition]) -> list[dg.AssetKey]:
-    """The keys of `assets`, as the run requests of a job over them name them. Dagster records a
-    job's assets on a run only when its request names them, and declarative automation reads
-    them there: an asset whose parents a run updated is requested again unless that run planned
-    it too (`executed_with_root_target`). A chain refresh launched by the job alone was followed
-    by automation runs of its own customer predictions and audience catalog."""
-    return [key for asset in assets for key in asset.keys]
-
-
 def _tenant_job(
     name: str, assets: Sequence[dg.AssetsDefinition], description: str, bound: str | None = None
 ):
@@ -54,10 +45,9 @@ analytics_tenant_refresh = _tenant_job(
 )
 # The chain's step after a feed drain landed orders: the tenants' analytics and audiences in
 # one run, so that the audiences follow their marts without another tick and run launch.
-CHANGES_ASSETS = [dbt_tenant_models, customer_predictions, dbt_tenant_scoring, dbt_audiences]
 tenant_changes_refresh = _tenant_job(
     CHANGES_JOB,
-    CHANGES_ASSETS,
+    [dbt_tenant_models, customer_predictions, dbt_tenant_scoring, dbt_audiences],
     "Tenants whose orders changed (the orders feed landed some): their dbt models, CLV fits,"
     " churn risk and audiences (one run for many).",
     bound=ANALYTICS_JOB,

@@ -6,13 +6,7 @@ from datetime import date
 
 import dagster as dg
 
-from cdp_assets.analytics.assets import dbt_audiences
-from cdp_assets.analytics.jobs import (
-    all_tenants_tags,
-    asset_keys,
-    audiences_refresh,
-    churn_holdout_refresh,
-)
+from cdp_assets.analytics.jobs import all_tenants_tags, audiences_refresh, churn_holdout_refresh
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.partitions import TIMEZONE
 from cdp_assets.tenants.runs import block_request, tenant_blocks, tenants_with_partitions
@@ -51,9 +45,7 @@ def audiences_every_48_hours(
         tags = all_tenants_tags(context.instance)
     except LookupError as no_tenants:
         return dg.SkipReason(str(no_tenants))
-    return dg.RunRequest(
-        run_key=f"audiences|{day:%Y%m%d}", tags=tags, asset_selection=asset_keys([dbt_audiences])
-    )
+    return dg.RunRequest(run_key=f"audiences|{day:%Y%m%d}", tags=tags)
 
 
 @dg.schedule(

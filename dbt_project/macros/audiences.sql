@@ -1,8 +1,9 @@
 {#-
     Audiences: one table per audience, every tenant in it (tenant_id column), refreshed one
-    tenant (or a few) at a time: a refresh deletes the run's tenants' rows and inserts their
-    new ones in one transaction (delete_tenant_rows), so a reader sees a tenant's old members
-    or its new ones, never none, and no other tenant's rows are touched. An audience is
+    tenant (or a few) at a time: a refresh makes the run's tenants' rows the query's in one
+    transaction, writing only those that changed (strategy tenant_rows_changed,
+    incremental.sql), so a reader sees a tenant's old members or its new ones, never none, and
+    no other tenant's rows are touched. An audience is
     defined by its members and their reason columns; the identifier columns are the same
     everywhere and come from here.
 -#}

@@ -226,39 +226,52 @@
 {#-
     Incremental strategy `tenant_rows_changed` (the audiences): the run's tenants' rows become
     the model's new rows (the temporary relation dbt built from its SQL), writing only what
-    differs. A row whose key (unique_key) and every column are as before stays; the others
-    go, and the new rows whose key is left are inserted (the keys, compared with `=`, let
-    both searches hash). A refresh after a few orders moves a
-    few members of an audience of tens of thousands: replacing them all was most of the
-    audiences' refresh. Columns compare as text, so that any type compares, and NULL equals
-    NULL. Other tenants' rows are not touched; readers see the old rows until the commit.
+    differs. A refresh after a few orders moves a few members of an audience of tens of
+    thousands: replacing them all was most of the audiences' refresh. A stored row with an
+    identical new row (same key, every column equal) stays; the other stored rows go, and the
+    new rows with no identical stored row are inserted, so a query that gives one key twice
+    still fails on the table's unique key. Columns compare as text, so that any type compares,
+    and NULL equals NULL; the keys compare with `=`, so that both searches can hash. Rows of
+    other tenants (in the query, or stored) are not touched; readers see the old rows until
+    the commit. A column dropped from the model keeps its old values in the rows that stay.
 -#}
 {% macro get_incremental_tenant_rows_changed_sql(arg_dict) %}
     {%- set target = arg_dict['target_relation'] -%}
     {%- set fresh = arg_dict['temp_relation'] -%}
     {%- set keys = arg_dict['unique_key'] -%}
+    {%- set keys = [keys] if keys is string else keys -%}
+    {%- if not keys -%}
+        {{ exceptions.raise_compiler_error(
+            "incremental_strategy tenant_rows_changed needs the model's unique_key"
+        ) }}
+    {%- endif -%}
     {%- set columns = arg_dict['dest_columns'] | map(attribute='quoted') | list -%}
     delete from {{ target }} as kept
     where {{ tenant_filter('kept.tenant_id') }}
         and not exists (
             select from {{ fresh }} as fresh
-            where
-            {%- for key in keys %}
-                fresh.{{ key }} = kept.{{ key }} and
-            {%- endfor %}
-            {%- for column in columns %}
-                fresh.{{ column }}::text is not distinct from kept.{{ column }}::text
-                {{- ' and' if not loop.last }}
-            {%- endfor %}
+            where {{ same_row('fresh', 'kept', keys, columns) }}
         );
     insert into {{ target }} ({{ columns | join(', ') }})
     select {{ columns | join(', ') }}
     from {{ fresh }} as fresh
-    where not exists (
-        select from {{ target }} as kept
-        where
-        {%- for key in keys %}
-            kept.{{ key }} = fresh.{{ key }}{{ ' and' if not loop.last }}
-        {%- endfor %}
-    )
+    where {{ tenant_filter('fresh.tenant_id') }}
+        and not exists (
+            select from {{ target }} as kept
+            where {{ tenant_filter('kept.tenant_id') }}
+                and {{ same_row('fresh', 'kept', keys, columns) }}
+        )
 {% endmacro %}
+
+
+{#- Whether rows `left` and `right` (aliases) are the same: equal keys, every column equal as
+    text (NULL equal to NULL). -#}
+{% macro same_row(left, right, keys, columns) -%}
+    {%- for key in keys %}
+    {{ left }}.{{ adapter.quote(key) }} = {{ right }}.{{ adapter.quote(key) }} and
+    {%- endfor %}
+    {%- for column in columns %}
+    {{ left }}.{{ column }}::text is not distinct from {{ right }}.{{ column }}::text
+    {{- ' and' if not loop.last }}
+    {%- endfor %}
+{%- endmacro %}

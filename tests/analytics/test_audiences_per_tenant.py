@@ -136,7 +136,7 @@ def test_a_tenants_refresh_replaces_its_rows_and_leaves_other_tenants_untouched(
     for audience, rows in mine.items():
         kept = {key: version for key, version in rows.items() if key != promoted}
         assert {key: after[audience].get(key) for key in kept} == kept, audience
-    # And the rows are those of a build from nothing: the tenant's rows removed, then refreshed.
+    # And the rows are those a refresh into an empty tenant writes: every row inserted.
     written = audience_rows(conn, "per_a", list(mine))
     for audience in mine:
         conn.execute(f"DELETE FROM audiences.{audience} WHERE tenant_id = 'per_a'")
@@ -174,7 +174,7 @@ def test_the_previous_refresh_of_each_tenant_is_read_in_one_go(built, instance):
 
 def test_readers_see_a_tenants_members_throughout_its_refresh(built, conn, instance, warehouse_url):
     """The refresh is held after it wrote the tenant's rows (its delete and insert are in,
-    uncommitted; its last statement, the table's comment, waits): a reader meanwhile sees the
+    uncommitted; its first post-hook, the table's comment, waits): a reader meanwhile sees the
     tenant's old members, then the new."""
     before = champions(conn, "per_a")
     assert before
