@@ -14,6 +14,7 @@ from cdp_assets.analytics.assets import (
     dbt_tenant_scoring,
     holdout_predictions,
 )
+from cdp_assets.analytics.automation import REFRESHES_WHAT_FOLLOWS
 from cdp_assets.lib.run_bounds import run_bound
 from cdp_assets.partitions import RANGE_END_TAG, RANGE_START_TAG, TENANT_PARTITIONS, tenants
 from cdp_assets.tenants.runs import run_tenants_of
@@ -25,16 +26,23 @@ CHURN_HOLDOUT_JOB = "churn_holdout_refresh"
 
 
 def _tenant_job(
-    name: str, assets: Sequence[dg.AssetsDefinition], description: str, bound: str | None = None
+    name: str,
+    assets: Sequence[dg.AssetsDefinition],
+    description: str,
+    bound: str | None = None,
+    refreshes_what_follows: bool = False,
 ):
     """A job over tenant-partitioned analytics assets, one run for one tenant or a range, bounded
-    in time as its kind (`bound`: the job whose bound it shares, itself by default)."""
+    in time as its kind (`bound`: the job whose bound it shares, itself by default).
+    `refreshes_what_follows`: its assets include every automated asset downstream of them, so
+    its updates are no reason for the automation to run anything (automation.py)."""
+    follows = {REFRESHES_WHAT_FOLLOWS: "true"} if refreshes_what_follows else {}
     return dg.define_asset_job(
         name,
         selection=dg.AssetSelection.assets(*assets),
         partitions_def=tenants,
         description=description,
-        tags=run_bound(bound or name),
+        tags={**run_bound(bound or name), **follows},
     )
 
 
@@ -51,6 +59,7 @@ tenant_changes_refresh = _tenant_job(
     "Tenants whose orders changed (the orders feed landed some): their dbt models, CLV fits,"
     " churn risk and audiences (one run for many).",
     bound=ANALYTICS_JOB,
+    refreshes_what_follows=True,
 )
 churn_holdout_refresh = _tenant_job(
     CHURN_HOLDOUT_JOB,
@@ -63,6 +72,7 @@ audiences_refresh = _tenant_job(
     [dbt_audiences],
     "Tenants' rows of every audience, replaced from their marts (one run for many); other"
     " tenants' rows untouched.",
+    refreshes_what_follows=True,
 )
 
 QUEUED = (dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED)

@@ -115,7 +115,7 @@ def stop_schedules(instance: dg.DagsterInstance) -> list[str]:
 
 @contextmanager
 def dagster_daemon(instance: dg.DagsterInstance, log_path: Path) -> Iterator[subprocess.Popen]:
-    """The platform's daemon (sensors, automation, schedules, run queue) on the bench's
+    """The platform's daemon (sensors, automation, run queue) on the bench's
     instance and environment, as `cdp dev` starts it. Once it stops, the runs it launched
     are waited for (up to RUNS_END_SECONDS): they outlive it, and the bench's database with
     them would go first."""

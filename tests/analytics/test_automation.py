@@ -10,7 +10,7 @@ from dagster._core.events import DagsterEvent, DagsterEventType, StepMaterializa
 from dagster._core.events.log import EventLogEntry
 
 from cdp_assets.analytics.feed_changes import changes_requests
-from cdp_assets.analytics.jobs import CHANGES_JOB
+from cdp_assets.analytics.jobs import ANALYTICS_JOB, CHANGES_JOB
 from cdp_assets.analytics.sensors import ANALYTICS_GROUPS
 from cdp_assets.definitions import defs
 from cdp_assets.framework.dagster_storage import storage_config
@@ -96,37 +96,56 @@ def updated_in_run(instance: dg.DagsterInstance, run: dg.DagsterRun, asset: str,
     )
 
 
-def test_automation_requests_nothing_a_chain_refresh_planned(instance):
-    instance.add_dynamic_partitions(tenants.name, ["auto_chain"])
-    tenant = Tenant("auto_chain", "autochain", "VTEX_APP_KEY", "VTEX_APP_TOKEN")
-    (request,) = changes_requests({"auto_chain"}, [tenant], ["auto_chain"], "landed-1")
+def test_automation_requests_nothing_a_chain_refresh_made_over_a_range_of_tenants(instance):
+    tenant_ids = ["auto_chain_a", "auto_chain_b"]
+    instance.add_dynamic_partitions(tenants.name, tenant_ids)
+    rows = [Tenant(t, t.replace("_", ""), "VTEX_APP_KEY", "VTEX_APP_TOKEN") for t in tenant_ids]
+    (request,) = changes_requests(set(tenant_ids), rows, tenant_ids, "landed-1")
+    job = defs.resolve_job_def(CHANGES_JOB)
+    # The run as the sensor daemon creates it: the job's tags, then the request's.
     refresh = instance.create_run_for_job(
-        defs.resolve_job_def(CHANGES_JOB),
+        job,
         run_id=str(uuid.uuid4()),
-        tags=request.tags,
-        asset_selection=frozenset(request.asset_selection or ()),
+        tags={**job.run_tags, **request.tags},
         status=dg.DagsterRunStatus.SUCCESS,
     )
     catalog_parents = defs.resolve_asset_graph().get(dg.AssetKey("audience_catalog")).parent_keys
     first = dg.evaluate_automation_conditions(defs, instance, asset_selection=AUTOMATED)
-    for asset in ("int_customers__purchase_summary", "customer_predictions", "customers"):
-        updated_in_run(instance, refresh, asset, "auto_chain")
-    for parent in catalog_parents:
-        updated_in_run(instance, refresh, parent.to_user_string(), "auto_chain")
-    updated_in_run(instance, refresh, "audience_catalog", "auto_chain")
+    for tenant in tenant_ids:
+        for asset in ("int_customers__purchase_summary", "customer_predictions", "customers"):
+            updated_in_run(instance, refresh, asset, tenant)
+        for parent in catalog_parents:
+            updated_in_run(instance, refresh, parent.to_user_string(), tenant)
+        updated_in_run(instance, refresh, "audience_catalog", tenant)
     second = dg.evaluate_automation_conditions(
         defs, instance, asset_selection=AUTOMATED, cursor=first.cursor
     )
-    assert "auto_chain" not in requested(second, "customer_predictions")
-    assert "auto_chain" not in requested(second, "audience_catalog")
     # The daemon does not always see a run's updates on the tick they were made in: in a
-    # benchmark, a tick saw a model's parent updated after the tick before had seen the model's
-    # own update, and requested the model again. A parent's update by a run that planned the
-    # model is never a reason for another run of it.
-    updated_in_run(instance, refresh, "int_customers__purchase_summary", "auto_chain")
-    updated_in_run(instance, refresh, "customers", "auto_chain")
+    # benchmark, ticks saw parents updated after the tick before had seen their children
+    # updated, and requested the children of 40 tenants again. A parent's update by a run that
+    # refreshed its children too is never a reason for another run of them.
+    for tenant in tenant_ids:
+        updated_in_run(instance, refresh, "int_customers__purchase_summary", tenant)
+        updated_in_run(instance, refresh, "customers", tenant)
     third = dg.evaluate_automation_conditions(
         defs, instance, asset_selection=AUTOMATED, cursor=second.cursor
     )
-    assert "auto_chain" not in requested(third, "customer_predictions")
-    assert "auto_chain" not in requested(third, "audience_catalog")
+    for result in (second, third):
+        for asset in ("customer_predictions", "audience_catalog"):
+            assert not requested(result, asset) & set(tenant_ids), asset
+
+    # A run that refreshed the parents alone (a sync's analytics refresh, without the
+    # audiences) is followed by the automation.
+    analytics = defs.resolve_job_def(ANALYTICS_JOB)
+    alone = instance.create_run_for_job(
+        analytics,
+        run_id=str(uuid.uuid4()),
+        tags={**analytics.run_tags, **request.tags},
+        status=dg.DagsterRunStatus.SUCCESS,
+    )
+    for tenant in tenant_ids:
+        updated_in_run(instance, alone, "customers", tenant)
+    fourth = dg.evaluate_automation_conditions(
+        defs, instance, asset_selection=AUTOMATED, cursor=third.cursor
+    )
+    assert requested(fourth, "audience_catalog") >= set(tenant_ids)
