@@ -96,19 +96,26 @@ def updated_in_run(instance: dg.DagsterInstance, run: dg.DagsterRun, asset: str,
     )
 
 
-def test_automation_requests_nothing_a_chain_refresh_made_over_a_range_of_tenants(instance):
-    tenant_ids = ["auto_chain_a", "auto_chain_b"]
-    instance.add_dynamic_partitions(tenants.name, tenant_ids)
-    rows = [Tenant(t, t.replace("_", ""), "VTEX_APP_KEY", "VTEX_APP_TOKEN") for t in tenant_ids]
-    (request,) = changes_requests(set(tenant_ids), rows, tenant_ids, "landed-1")
-    job = defs.resolve_job_def(CHANGES_JOB)
-    # The run as the sensor daemon creates it: the job's tags, then the request's.
-    refresh = instance.create_run_for_job(
+def finished_run(
+    instance: dg.DagsterInstance, job_name: str, request: dg.RunRequest
+) -> dg.DagsterRun:
+    """A run of `job_name` for `request`, finished, tagged as the sensor daemon tags it: the
+    job's tags, then the request's."""
+    job = defs.resolve_job_def(job_name)
+    return instance.create_run_for_job(
         job,
         run_id=str(uuid.uuid4()),
         tags={**job.run_tags, **request.tags},
         status=dg.DagsterRunStatus.SUCCESS,
     )
+
+
+def test_automation_requests_nothing_a_chain_refresh_made_over_a_range_of_tenants(instance):
+    tenant_ids = ["auto_chain_a", "auto_chain_b"]
+    instance.add_dynamic_partitions(tenants.name, tenant_ids)
+    rows = [Tenant(t, t.replace("_", ""), "VTEX_APP_KEY", "VTEX_APP_TOKEN") for t in tenant_ids]
+    (request,) = changes_requests(set(tenant_ids), rows, tenant_ids, "landed-1")
+    refresh = finished_run(instance, CHANGES_JOB, request)
     catalog_parents = defs.resolve_asset_graph().get(dg.AssetKey("audience_catalog")).parent_keys
     first = dg.evaluate_automation_conditions(defs, instance, asset_selection=AUTOMATED)
     for tenant in tenant_ids:
@@ -136,13 +143,7 @@ def test_automation_requests_nothing_a_chain_refresh_made_over_a_range_of_tenant
 
     # A run that refreshed the parents alone (a sync's analytics refresh, without the
     # audiences) is followed by the automation.
-    analytics = defs.resolve_job_def(ANALYTICS_JOB)
-    alone = instance.create_run_for_job(
-        analytics,
-        run_id=str(uuid.uuid4()),
-        tags={**analytics.run_tags, **request.tags},
-        status=dg.DagsterRunStatus.SUCCESS,
-    )
+    alone = finished_run(instance, ANALYTICS_JOB, request)
     for tenant in tenant_ids:
         updated_in_run(instance, alone, "customers", tenant)
     fourth = dg.evaluate_automation_conditions(
