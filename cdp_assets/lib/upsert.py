@@ -96,6 +96,8 @@ def upsert_documents(
         for row in rows:
             copy.write_row((tenant_id, *row))
     # DISTINCT ON: one incoming row per key (the newest), since a batch may repeat a key.
+    # synced_at is this statement's start, after the documents were read: the caller's
+    # transaction (now()) may have begun before a read that saw a later change.
     query = sql.SQL(
         """
         WITH incoming AS (
@@ -103,9 +105,9 @@ def upsert_documents(
             ORDER BY {key}, change_stamp DESC
         ), upserted AS (
             INSERT INTO {target} AS t ({cols}, synced_at)
-            SELECT {cols}, now() FROM incoming
+            SELECT {cols}, statement_timestamp() FROM incoming
             ON CONFLICT (tenant_id, {key}) DO UPDATE
-               SET {assignments}, synced_at = now()
+               SET {assignments}, synced_at = statement_timestamp()
              WHERE (excluded.change_stamp >= t.change_stamp OR {replace})
                AND excluded.payload IS DISTINCT FROM t.payload
             RETURNING (xmax = 0) AS inserted

@@ -98,6 +98,25 @@ def test_each_landed_batch_is_durable_even_inside_an_open_transaction(conn, ware
         assert len(stored(other, tenant)) == BATCH_SIZE
 
 
+def test_a_row_lands_stamped_after_its_document_was_read_not_when_the_transaction_began(conn):
+    # A feed drain opens its transaction with a query, then reads orders from VTEX: a change
+    # made in between is in the documents, so their landing must not be dated before it.
+    tenant = "upsert_landed_at"
+    land(conn, ORDERS, tenant, [order("l-01", T0, "handling")], "run-1", Landing())
+    (transaction_began,) = conn.execute("SELECT now()").fetchone()
+    (read_at,) = conn.execute("SELECT clock_timestamp() + interval '10 milliseconds'").fetchone()
+    while conn.execute("SELECT clock_timestamp() <= %s", (read_at,)).fetchone()[0]:
+        pass
+    changed = [order("l-01", T0 + timedelta(hours=1), "invoiced"), order("l-02", T0, "handling")]
+    land(conn, ORDERS, tenant, changed, "run-1", Landing())
+    landed = conn.execute(
+        "SELECT order_id, synced_at > %s FROM raw_vtex.orders WHERE tenant_id = %s",
+        (read_at, tenant),
+    ).fetchall()
+    assert read_at > transaction_began
+    assert sorted(landed) == [("l-01", True), ("l-02", True)]
+
+
 def test_landed_documents_keep_the_raw_tables_compression(conn):
     """Raw documents are LZ4-compressed where the server has LZ4 (migration 0008)."""
     (lz4_available,) = conn.execute(
