@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import os
 import threading
+from typing import Any, cast
 
 import psycopg
+from sqlalchemy.pool import QueuePool
 
 from cdp_assets.lib.database import connect
 
@@ -46,6 +48,8 @@ ON CONFLICT (account) DO UPDATE SET
 
 # Sessions of one process on one budget database, at most.
 SESSIONS_PER_DATABASE = 4
+# How long a statement waits for one of them before failing.
+SESSION_WAIT_SECONDS = 30
 
 
 def application_name() -> str:
@@ -62,39 +66,44 @@ class _BudgetSessions:
     (a connect timing out, a busy row) does not hold back every account."""
 
     def __init__(self) -> None:
-        self._idle: dict[str, list[psycopg.Connection]] = {}
-        self._slots: dict[str, threading.BoundedSemaphore] = {}
+        self._pools: dict[str, QueuePool] = {}
         self._lock = threading.Lock()
-        self._inherited: list[psycopg.Connection] = []
+        self._inherited: list[QueuePool] = []
         os.register_at_fork(after_in_child=self._forget_parents)
 
     def _forget_parents(self) -> None:
         # A forked child must neither use the parent's sessions nor close them (closing sends
         # the server a goodbye on the parent's socket): they are kept, unused.
-        self._inherited += [conn for idle in self._idle.values() for conn in idle]
-        self._idle, self._slots = {}, {}
+        self._inherited += self._pools.values()
+        self._pools = {}
         self._lock = threading.Lock()
 
-    def execute(self, url: str, query: str, params: dict[str, object]) -> tuple:
+    def _pool(self, url: str) -> QueuePool:
+        def session() -> Any:  # a psycopg connection, which SQLAlchemy's typing does not know
+            return connect(url, autocommit=True, application_name=application_name())
+
         with self._lock:
-            slots = self._slots.setdefault(url, threading.BoundedSemaphore(SESSIONS_PER_DATABASE))
-        with slots:
-            with self._lock:
-                idle = self._idle.setdefault(url, [])
-                conn = idle.pop() if idle else None
-            try:
-                if conn is None or conn.closed:
-                    conn = connect(url, autocommit=True, application_name=application_name())
-                cursor = conn.execute(query, params)
-                result = (cursor.fetchone() or ()) if cursor.description else ()
-            except psycopg.OperationalError:
-                # Not kept: the next statement connects again (the server may have restarted).
-                if conn is not None:
-                    conn.close()
-                raise
-            with self._lock:
-                self._idle[url].append(conn)
-            return result
+            if url not in self._pools:
+                self._pools[url] = QueuePool(
+                    session,
+                    pool_size=SESSIONS_PER_DATABASE,
+                    max_overflow=0,
+                    timeout=SESSION_WAIT_SECONDS,
+                    reset_on_return=None,  # autocommit: no transaction to end
+                )
+            return self._pools[url]
+
+    def execute(self, url: str, query: str, params: dict[str, object]) -> tuple:
+        session = self._pool(url).connect()
+        try:
+            cursor = cast(psycopg.Connection, session.dbapi_connection).execute(query, params)
+            return (cursor.fetchone() or ()) if cursor.description else ()
+        except psycopg.OperationalError:
+            # Not kept: the next statement connects again (the server may have restarted).
+            session.invalidate()
+            raise
+        finally:
+            session.close()
 
 
 _SESSIONS = _BudgetSessions()
