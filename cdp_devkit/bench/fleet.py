@@ -156,10 +156,18 @@ def fleet_tenant_id(rank: int) -> str:
     return f"fleet{rank + 1:03d}"
 
 
-def _materialization(key: dg.AssetKey, partition: str, timestamp: float) -> EventLogEntry:
+def materialization_event(
+    key: dg.AssetKey,
+    partition: str,
+    timestamp: float,
+    run_id: str = RUNLESS_RUN_ID,
+    job_name: str = RUNLESS_JOB_NAME,
+) -> EventLogEntry:
+    """The event log's entry of a materialization of `key` for `partition`, by `run_id` (a
+    runless report by default)."""
     event = DagsterEvent(
         event_type_value=dg.DagsterEventType.ASSET_MATERIALIZATION.value,
-        job_name=RUNLESS_JOB_NAME,
+        job_name=job_name,
         event_specific_data=StepMaterializationData(
             dg.AssetMaterialization(key, partition=partition)
         ),
@@ -168,10 +176,10 @@ def _materialization(key: dg.AssetKey, partition: str, timestamp: float) -> Even
         error_info=None,
         level=logging.INFO,
         user_message="",
-        run_id=RUNLESS_RUN_ID,
+        run_id=run_id,
         timestamp=timestamp,
         dagster_event=event,
-        job_name=RUNLESS_JOB_NAME,
+        job_name=job_name,
     )
 
 
@@ -209,7 +217,7 @@ def seed_history(
         for key in keys:
             history = list(_history(key, tenant_ids, now))
             *older, newest = history
-            template = serialize_value(_materialization(key, PARTITION_SLOT, TIMESTAMP_SLOT))
+            template = serialize_value(materialization_event(key, PARTITION_SLOT, TIMESTAMP_SLOT))
             columns = ", ".join(EVENT_COLUMNS)
             with conn.cursor().copy(f"COPY event_logs ({columns}) FROM STDIN") as copy:
                 for partition, timestamp in older:
@@ -220,7 +228,7 @@ def seed_history(
                     kind = dg.DagsterEventType.ASSET_MATERIALIZATION.value
                     copy.write_row((RUNLESS_RUN_ID, event, kind, at, key.to_string(), partition))
             conn.commit()
-            instance.event_log_storage.store_event_batch([_materialization(key, *newest)])
+            instance.event_log_storage.store_event_batch([materialization_event(key, *newest)])
             stored += len(history)
     return stored
 

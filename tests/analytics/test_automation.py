@@ -6,8 +6,6 @@ import uuid
 import dagster as dg
 import psycopg
 import pytest
-from dagster._core.events import DagsterEvent, DagsterEventType, StepMaterializationData
-from dagster._core.events.log import EventLogEntry
 
 from cdp_assets.analytics.feed_changes import changes_requests
 from cdp_assets.analytics.jobs import ANALYTICS_JOB, CHANGES_JOB
@@ -17,6 +15,7 @@ from cdp_assets.framework.dagster_storage import storage_config
 from cdp_assets.lib.database import sqlalchemy_url, with_database
 from cdp_assets.partitions import tenants
 from cdp_assets.tenants.registry import Tenant
+from cdp_devkit.bench.fleet import materialization_event
 
 # The tenant-partitioned groups (audiences are one relation for all tenants).
 SELECTION = dg.AssetSelection.groups("staging", "intermediate", "marts")
@@ -79,20 +78,8 @@ def test_analytics_runs_once_when_a_tenants_sources_are_fresh(instance):
 
 def updated_in_run(instance: dg.DagsterInstance, run: dg.DagsterRun, asset: str, tenant: str):
     """A materialization of `asset` for `tenant`, recorded by `run`."""
-    materialization = dg.AssetMaterialization(asset_key=asset, partition=tenant)
     instance.handle_new_event(
-        EventLogEntry(
-            error_info=None,
-            level="debug",
-            user_message="",
-            run_id=run.run_id,
-            timestamp=time.time(),
-            dagster_event=DagsterEvent(
-                DagsterEventType.ASSET_MATERIALIZATION.value,
-                run.job_name,
-                event_specific_data=StepMaterializationData(materialization),
-            ),
-        )
+        materialization_event(dg.AssetKey(asset), tenant, time.time(), run.run_id, run.job_name)
     )
 
 
