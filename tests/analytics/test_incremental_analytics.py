@@ -276,3 +276,53 @@ def test_a_refresh_scores_the_changed_customers_with_the_stored_fit(built, conn,
         for row, (key, *numbers) in zip(rows, expected, strict=True):
             assert row[0] == key and row[-1] == full.model
             assert row[1:-1] == pytest.approx(numbers, rel=1e-12, abs=1e-9), key
+
+
+# Tables whose statistics a refresh renews only when it changed much of the tenant's rows.
+ANALYZED_TABLES = (
+    "staging.stg_vtex__orders",
+    "intermediate.int_identity__records",
+    "marts.customers",
+)
+# An ANALYZE rewrites the table's rows of pg_statistic: their newest transaction id moves.
+STATISTICS_SQL = "SELECT max(xmin::text::bigint) FROM pg_statistic WHERE starelid = %s::regclass"
+TENANT_ORDERS_SQL = (
+    "SELECT order_id FROM raw_vtex.orders WHERE tenant_id = %s ORDER BY order_id LIMIT %s"
+)
+
+
+def statistics(conn: psycopg.Connection) -> dict[str, int]:
+    conn.commit()
+    stamps = {t: conn.execute(STATISTICS_SQL, (t,)).fetchone()[0] for t in ANALYZED_TABLES}
+    conn.commit()
+    return stamps
+
+
+def test_a_refresh_renews_the_statistics_only_when_it_changed_much(built, conn, instance):
+    with temporary_environment({AS_OF_ENV: as_of_day()}):
+        refresh(instance)  # whatever ran before, the tenant is up to date
+        # Autovacuum would analyze on its own schedule; the test is about the refresh's.
+        for table in ANALYZED_TABLES:
+            conn.execute(f"ALTER TABLE {table} SET (autovacuum_enabled = false)")
+        conn.commit()
+        try:
+            before = statistics(conn)
+            assert all(before.values())  # the tenant's first build analyzed them
+            (total,) = conn.execute(
+                "SELECT count(*) FROM raw_vtex.orders WHERE tenant_id = %s", (TENANT,)
+            ).fetchone()
+            few = [o for (o,) in conn.execute(TENANT_ORDERS_SQL, (TENANT, 3))]
+            add_orders(conn, few, "-few")
+            refresh(instance)
+            assert statistics(conn) == before
+
+            # New orders as many as a fifth of the tenant's: its orders' statistics are renewed.
+            many = [o for (o,) in conn.execute(TENANT_ORDERS_SQL, (TENANT, total // 5))]
+            add_orders(conn, many, "-many")
+            refresh(instance)
+            after = statistics(conn)
+            assert after["staging.stg_vtex__orders"] > before["staging.stg_vtex__orders"]
+        finally:
+            for table in ANALYZED_TABLES:
+                conn.execute(f"ALTER TABLE {table} RESET (autovacuum_enabled)")
+            conn.commit()
