@@ -50,16 +50,25 @@ def tenant_blocks(partition_order: Sequence[str], tenant_rows: list[Tenant]) -> 
 
 
 def block_request(
-    block: list[Tenant], run_key: str, asset_selection: list[dg.AssetKey] | None = None
+    block: list[Tenant],
+    run_key: str,
+    asset_selection: list[dg.AssetKey] | None = None,
+    *,
+    by_priority: bool = True,
 ) -> dg.RunRequest:
-    """One run over a block of tenants, with the priority of the most urgent of them."""
+    """One run over a block of tenants. `by_priority`: with the priority of the most urgent of
+    them, for runs requested together (a schedule's), which the queue then launches in the
+    tenants' order; else first come, first served, for the chain's runs (drains, refreshes,
+    pushes), requested all day long: with priorities, the first tenants' steady stream of
+    runs kept the last tenants' refresh queued for 18 minutes."""
     first, last = block[0].tenant_id, block[-1].tenant_id
     scope = {} if first == last else {RANGE_START_TAG: first, RANGE_END_TAG: last}
+    urgent = run_priority(min(block, key=lambda tenant: tenant.priority)) if by_priority else {}
     return dg.RunRequest(
         run_key=f"{first}..{last}|{run_key}",
         partition_key=first if first == last else None,
         asset_selection=asset_selection,
-        tags={**scope, **run_priority(min(block, key=lambda tenant: tenant.priority))},
+        tags={**scope, **urgent},
     )
 
 

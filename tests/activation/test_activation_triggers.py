@@ -139,12 +139,12 @@ def test_neighbouring_tenants_share_one_run_per_platform_asset() -> None:
         "t4": {"meta": {"aud=3:z"}},
     }
     google, meta_range, meta_single = change_requests(changed, rows, order)
-    # Meta: a range over t1..t2 with the more urgent tenant's priority; t3 is left out, so t4
-    # runs alone. Google: t2 only, in a run of its own.
+    # Meta: a range over t1..t2; t3 is left out, so t4 runs alone. Google: t2 only, in a run
+    # of its own. No priority: the chain's runs are first come, first served in the queue.
     assert meta_range.asset_selection == [meta_custom_audiences.key]
     assert (meta_range.tags[RANGE_START_TAG], meta_range.tags[RANGE_END_TAG]) == ("t1", "t2")
     assert meta_range.partition_key is None
-    assert meta_range.tags["dagster/priority"] == "-1"
+    assert not any("dagster/priority" in r.tags for r in (google, meta_range, meta_single))
     assert meta_single.partition_key == "t4" and RANGE_START_TAG not in meta_single.tags
     assert meta_single.asset_selection == [meta_custom_audiences.key]
     assert google.partition_key == "t2" and google.asset_selection == [google_customer_match.key]

@@ -17,12 +17,15 @@ from cdp_assets.activation.destinations import Destination, add_audience, add_de
 from cdp_assets.activation.jobs import activation_push
 from cdp_assets.activation.meta.assets import meta_custom_audiences
 from cdp_assets.activation.sensors import audience_changes_sensor
+from cdp_assets.analytics.feed_changes import changes_requests
 from cdp_assets.analytics.jobs import CHANGES_JOB
 from cdp_assets.analytics.sensors import feed_changes_sensor
 from cdp_assets.definitions import defs
 from cdp_assets.lib.environ import temporary_environment
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.partitions import RANGE_END_TAG, RANGE_START_TAG, tenants
+from cdp_assets.tenants.registry import Tenant
+from cdp_assets.tenants.runs import block_request
 from cdp_assets.vtex.assets import TENANTS_LANDED, vtex_orders_feed
 from cdp_assets.vtex.feed import FeedSettings, turn_feed_on
 from cdp_assets.vtex.jobs import FEED_SYNC_JOB
@@ -296,3 +299,14 @@ def test_the_benchmark_credits_each_change_to_the_first_push_after_its_refresh()
     assert at_platform(refreshes, [], 15.0, push_pending=True) == (40.0, None)
     # Nothing pushed before the next refresh: the first changed nothing Meta holds.
     assert at_platform(refreshes, [(41.0, 45.0)], 5.0, push_pending=False) == (20.0, 20.0)
+
+
+def test_the_chains_refreshes_are_first_come_first_served_in_the_queue():
+    # The queue launches higher dagster/priority first: requested all day long, the first
+    # tenants' refreshes kept a block of the last tenants queued for 18 minutes.
+    rows = [Tenant(t, t, "K", "T", priority=p) for t, p in (("first", 0), ("last", 40))]
+    (refresh,) = changes_requests({"first", "last"}, rows, ["first", "last"], "landed-1")
+    assert (refresh.tags[RANGE_START_TAG], refresh.tags[RANGE_END_TAG]) == ("first", "last")
+    assert "dagster/priority" not in refresh.tags
+    # A schedule's runs, requested together, still launch in the tenants' order.
+    assert block_request(rows[1:], "day").tags["dagster/priority"] == "-40"
