@@ -51,8 +51,9 @@
     samples 30,000 rows however few changed, 0.5 to 2.5 s a table on a refresh's critical
     path, so a build that wrote under a tenth of the rows the statistics give its tenants
     leaves them to autovacuum. Rows written: this transaction's count of the table
-    (pg_stat_xact_user_tables). A table without statistics, or whose statistics know none of
-    the run's tenants, is analyzed. Tables only, inside the model's transaction. -#}
+    (pg_stat_xact_user_tables), a row deleted and inserted again counted once. A table
+    without statistics, or whose statistics know none of the run's tenants, is analyzed.
+    Tables only, inside the model's transaction. -#}
 {% macro analyze_if_stale() %}
     {%- if config.get('materialized') in ('incremental', 'table') -%}
         do $analyze$
@@ -60,7 +61,7 @@
             written numeric;
             known numeric;
         begin
-            select coalesce(sum(n_tup_ins + n_tup_upd + n_tup_del), 0) into written
+            select coalesce(sum(greatest(n_tup_ins, n_tup_del) + n_tup_upd), 0) into written
             from pg_stat_xact_user_tables
             where relid = '{{ this }}'::regclass;
             select sum(tenants.frequency) * max(tables.reltuples) into known
