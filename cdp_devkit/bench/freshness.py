@@ -7,7 +7,9 @@ Dagster's own daemon runs the platform's sensors, automation and run queue on th
 instance: nothing is launched by hand, and no schedule runs (`stop_schedules`). Then each
 event is followed through what the platform recorded:
 
-- landed: its order's row in raw_vtex.orders changed at or after the event;
+- landed: when its order's row in raw_vtex.orders first held a change made at or after the
+  event (its lastChange), as seen each slice: an order changed twice lands twice, and the
+  row keeps only the second landing;
 - refreshed: the end of the first audience refresh of its tenant whose run started after it
   landed (a run reads what landed before it started);
 - at the platform: the end of the first Meta push of the tenant that started after that
@@ -35,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import dagster as dg
+import psycopg
 from dagster._cli.workspace.cli_target import get_repository_from_cli_opts
 from dagster.version import __version__ as dagster_version
 from dagster_shared.cli import WorkspaceOpts
@@ -58,14 +61,14 @@ AUDIENCE_REFRESHED = dg.AssetKey("audience_catalog")
 # Dagster's most per query.
 RECORDS_PER_PAGE = 10_000
 
+# The sandbox stamps a change at or after the moment it is asked for (the event's creation).
 LANDED_SQL = """
 SELECT event.n, orders.synced_at
-  FROM unnest(%s::text[], %s::text[], %s::timestamptz[]) WITH ORDINALITY
-       AS event (tenant_id, order_id, created_at, n)
-  LEFT JOIN raw_vtex.orders AS orders
+  FROM unnest(%s::int[], %s::text[], %s::text[], %s::timestamptz[])
+       AS event (n, tenant_id, order_id, created_at)
+  JOIN raw_vtex.orders AS orders
     ON orders.tenant_id = event.tenant_id AND orders.order_id = event.order_id
-   AND orders.synced_at >= event.created_at
- ORDER BY event.n
+   AND orders.change_stamp >= event.created_at
 """
 
 
@@ -144,9 +147,31 @@ def dagster_daemon(instance: dg.DagsterInstance, log_path: Path) -> Iterator[sub
             time.sleep(1)
 
 
-def create_events(bench: Bench, minutes: float, daemon: subprocess.Popen) -> list[Event]:
+def observe_landings(
+    conn: psycopg.Connection, events: Sequence[Event], landed: dict[int, datetime]
+) -> None:
+    """Adds to `landed` (event index -> landing) the events whose change is in their order's
+    row now, with that row's landing."""
+    waiting = [n for n in range(len(events)) if n not in landed]
+    rows = conn.execute(
+        LANDED_SQL,
+        (
+            waiting,
+            [events[n].tenant_id for n in waiting],
+            [events[n].order_id for n in waiting],
+            [events[n].created_at for n in waiting],
+        ),
+    )
+    landed.update(dict(rows.fetchall()))
+    conn.commit()
+
+
+def create_events(
+    bench: Bench, minutes: float, daemon: subprocess.Popen, landed: dict[int, datetime]
+) -> list[Event]:
     """The seed's daily increment at the pace of one day in WINDOW_MINUTES, created in the
-    stores for `minutes` (a shorter window: as many fewer events), slice by slice."""
+    stores for `minutes` (a shorter window: as many fewer events), slice by slice; the
+    landings seen after each slice go to `landed`."""
     factor = minutes / WINDOW_MINUTES
     plan = {
         account: (round(new * factor), round(changed * factor))
@@ -155,25 +180,27 @@ def create_events(bench: Bench, minutes: float, daemon: subprocess.Popen) -> lis
     slices = max(1, round(minutes * 60 / SLICE_SECONDS))
     started = time.monotonic()
     events: list[Event] = []
-    for index in range(slices):
-        time.sleep(max(0.0, started + index * SLICE_SECONDS - time.monotonic()))
-        if daemon.poll() is not None:
-            raise RuntimeError(f"the Dagster daemon exited ({daemon.returncode}); see its log")
-        for account, (new, changed) in plan.items():
-            new_now, changed_now = (
-                slice_share(new, index, slices),
-                slice_share(changed, index, slices),
-            )
-            if not new_now and not changed_now:
-                continue
-            at = datetime.now(UTC)
-            ids = bench.sandbox.mutate(
-                account, seed=10_000 + index, changed=changed_now, new=new_now, at=at
-            )
-            events += [
-                Event(account, order_id, at, position >= len(ids) - new_now)
-                for position, order_id in enumerate(ids)
-            ]
+    with bench.connect() as conn:
+        for index in range(slices):
+            observe_landings(conn, events, landed)
+            time.sleep(max(0.0, started + index * SLICE_SECONDS - time.monotonic()))
+            if daemon.poll() is not None:
+                raise RuntimeError(f"the Dagster daemon exited ({daemon.returncode}); see its log")
+            for account, (new, changed) in plan.items():
+                new_now, changed_now = (
+                    slice_share(new, index, slices),
+                    slice_share(changed, index, slices),
+                )
+                if not new_now and not changed_now:
+                    continue
+                at = datetime.now(UTC)
+                ids = bench.sandbox.mutate(
+                    account, seed=10_000 + index, changed=changed_now, new=new_now, at=at
+                )
+                events += [
+                    Event(account, order_id, at, position >= len(ids) - new_now)
+                    for position, order_id in enumerate(ids)
+                ]
     return events
 
 
@@ -244,20 +271,13 @@ def percentile(values: Sequence[float], share: float) -> float | None:
     return ordered[min(len(ordered) - 1, max(0, round(share * len(ordered)) - 1))]
 
 
-def account_for(bench: Bench, events: list[Event], since: datetime) -> dict[str, Any]:
-    """Each event's landing, refresh and arrival at the platform; the latencies' summary."""
+def account_for(
+    bench: Bench, events: list[Event], since: datetime, landed: dict[int, datetime]
+) -> dict[str, Any]:
+    """Each event's landing (`landed`, completed now), refresh and arrival at the platform;
+    the latencies' summary."""
     with bench.connect() as conn:
-        landed = [
-            synced_at
-            for _, synced_at in conn.execute(
-                LANDED_SQL,
-                (
-                    [e.tenant_id for e in events],
-                    [e.order_id for e in events],
-                    [e.created_at for e in events],
-                ),
-            )
-        ]
+        observe_landings(conn, events, landed)
         push_pending = {
             tenant_id
             for tenant_id, platforms in changed_audiences(conn).items()
@@ -268,7 +288,8 @@ def account_for(bench: Bench, events: list[Event], since: datetime) -> dict[str,
     latencies: list[float] = []
     steps: dict[str, list[float]] = defaultdict(list)
     stopped: Counter[str] = Counter()
-    for event, landed_at in zip(events, landed, strict=True):
+    for n, event in enumerate(events):
+        landed_at = landed.get(n)
         created = event.created_at.timestamp()
         if landed_at is None:
             stopped["not landed"] += 1
@@ -323,12 +344,13 @@ def run_freshness(bench: Bench) -> StageResult:
         stage("freshness", bench.url) as result,
         dagster_daemon(bench.instance, log_path) as daemon,
     ):
-        events = create_events(bench, minutes, daemon)
+        landed: dict[int, datetime] = {}
+        events = create_events(bench, minutes, daemon, landed)
         deadline = time.monotonic() + SETTLE_MINUTES * 60
-        summary = account_for(bench, events, since)
+        summary = account_for(bench, events, since, landed)
         while summary["accounted"] < summary["events"] and time.monotonic() < deadline:
             time.sleep(SLICE_SECONDS)
-            summary = account_for(bench, events, since)
+            summary = account_for(bench, events, since, landed)
         result.records = len(events)
         result.records_label = "events"
     bench.echo(

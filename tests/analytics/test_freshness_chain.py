@@ -6,9 +6,10 @@ requests executed as requested. Bursts of events coalesce into one refresh per t
 from __future__ import annotations
 
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import dagster as dg
+import orjson
 import psycopg
 import pytest
 from support import register, store_from_history_start, sync, vtex_for
@@ -22,6 +23,7 @@ from cdp_assets.analytics.jobs import CHANGES_JOB
 from cdp_assets.analytics.sensors import feed_changes_sensor
 from cdp_assets.definitions import defs
 from cdp_assets.lib.environ import temporary_environment
+from cdp_assets.lib.upsert import upsert_documents
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.partitions import RANGE_END_TAG, RANGE_START_TAG, tenants
 from cdp_assets.tenants.registry import Tenant
@@ -30,7 +32,8 @@ from cdp_assets.vtex.assets import TENANTS_LANDED, vtex_orders_feed
 from cdp_assets.vtex.feed import FeedSettings, turn_feed_on
 from cdp_assets.vtex.jobs import FEED_SYNC_JOB
 from cdp_assets.vtex.sensors import vtex_orders_feed_sensor
-from cdp_devkit.bench.freshness import at_platform
+from cdp_assets.vtex.sync import ORDERS
+from cdp_devkit.bench.freshness import Event, at_platform, observe_landings
 from cdp_devkit.sandbox import MetaSandbox, SandboxProcess
 
 STORES = {
@@ -299,6 +302,37 @@ def test_the_benchmark_credits_each_change_to_the_first_push_after_its_refresh()
     assert at_platform(refreshes, [], 15.0, push_pending=True) == (40.0, None)
     # Nothing pushed before the next refresh: the first changed nothing Meta holds.
     assert at_platform(refreshes, [(41.0, 45.0)], 5.0, push_pending=False) == (20.0, 20.0)
+
+
+def landed_order(conn: psycopg.Connection, tenant: str, order_id: str, change: datetime) -> None:
+    """The order as a drain lands it after a change at `change`."""
+    summary = orjson.dumps({"status": "invoiced"}).decode()
+    document = orjson.dumps({"orderId": order_id, "lastChange": change.isoformat()}).decode()
+    upsert_documents(conn, ORDERS, tenant, [(order_id, change, change, summary, document)])
+    conn.commit()
+
+
+def test_the_benchmark_lands_an_event_when_its_change_first_landed(conn):
+    # An order changed twice lands twice, and its row keeps the second landing only: the first
+    # event landed with the first, seen then.
+    tenant, created = "bench_landing", datetime.now(UTC)
+    events = [Event(tenant, "o-1", created, False), Event(tenant, "o-2", created, True)]
+    landed: dict[int, datetime] = {}
+    landed_order(conn, tenant, "o-1", created - timedelta(days=3))  # before the event
+    observe_landings(conn, events, landed)
+    assert landed == {}
+    landed_order(conn, tenant, "o-1", created + timedelta(seconds=1))
+    observe_landings(conn, events, landed)
+    (first,) = conn.execute(
+        "SELECT synced_at FROM raw_vtex.orders WHERE tenant_id = %s AND order_id = 'o-1'",
+        (tenant,),
+    ).fetchone()
+    conn.commit()
+    assert landed == {0: first}
+    landed_order(conn, tenant, "o-1", created + timedelta(minutes=20))  # the second change
+    landed_order(conn, tenant, "o-2", created)
+    observe_landings(conn, events, landed)
+    assert landed[0] == first and landed[1] > first
 
 
 def test_the_chains_refreshes_are_first_come_first_served_in_the_queue():
