@@ -12,6 +12,7 @@
 {% macro serialize_tenant_writes() -%}
     {%- if config.get('materialized') == 'incremental' -%}
         {%- set table_key = 'hashtext(' ~ sql_literal(this | string) ~ ')' -%}
+        {%- set tenant_ids = tenant_ids_var() -%}
         {%- if tenant_ids is none -%}
             select pg_advisory_xact_lock({{ table_key }})
         {%- else -%}
