@@ -72,13 +72,10 @@ def asset_requests(
     tenant_rows: list[Tenant],
     partition_order: Sequence[str],
     run_key: Callable[[list[Tenant], dg.AssetKey], str],
-    *,
-    by_priority: bool = True,
 ) -> list[dg.RunRequest]:
     """One run per destination asset and block of neighbouring tenants that have one of its
     platforms in `platforms_of` (tenant -> platforms): the platforms' pushes run side by side
-    in the run queue, and a failure or re-execution of one leaves the others alone.
-    `by_priority`: see block_request."""
+    in the run queue, and a failure or re-execution of one leaves the others alone."""
     requests = []
     for asset_key in sorted(set(ASSET_BY_PLATFORM.values())):
         concerned = [
@@ -90,10 +87,7 @@ def asset_requests(
         ]
         requests += [
             block_request(
-                block,
-                f"{asset_key.to_user_string()}|{run_key(block, asset_key)}",
-                [asset_key],
-                by_priority=by_priority,
+                block, f"{asset_key.to_user_string()}|{run_key(block, asset_key)}", [asset_key]
             )
             for block in tenant_blocks(partition_order, concerned)
         ]
@@ -107,7 +101,7 @@ def change_requests(
 ) -> list[dg.RunRequest]:
     """A run per asset and block of neighbouring tenants with changes on its platforms. The
     run key is a digest of the block's new memberships there: the same change never launches
-    twice. First come, first served in the run queue, as the rest of the chain."""
+    twice."""
 
     def digest(block: list[Tenant], asset_key: dg.AssetKey) -> str:
         return hashlib.md5(
@@ -122,7 +116,7 @@ def change_requests(
             ).encode()
         ).hexdigest()
 
-    return asset_requests(changed, tenant_rows, partition_order, digest, by_priority=False)
+    return asset_requests(changed, tenant_rows, partition_order, digest)
 
 
 def cadence_requests(

@@ -80,7 +80,4 @@ def changes_requests(
 ) -> list[dg.RunRequest]:
     """One refresh per block of neighbouring due tenants (active, with a partition)."""
     concerned = [tenant for tenant in tenant_rows if tenant.tenant_id in due]
-    return [
-        block_request(block, run_key, by_priority=False)
-        for block in tenant_blocks(partition_order, concerned)
-    ]
+    return [block_request(block, run_key) for block in tenant_blocks(partition_order, concerned)]

@@ -1,5 +1,11 @@
-"""Run requests over tenants: their priority, and one run per block of neighbouring tenants
-(a range of partitions)."""
+"""Run requests over tenants: one run per block of neighbouring tenants (a range of
+partitions).
+
+No run carries a `dagster/priority`: the run queue is then first come, first served, and a
+tick requests its runs in the tenants' priority order, so they launch in that order. With
+the tenant's priority on every run, the chain's runs (feed drains, the refreshes after them,
+the pushes of changed audiences), requested all day long, let the first tenants' steady
+stream hold the last tenants' runs in the queue: a refresh waited 18 minutes."""
 
 from __future__ import annotations
 
@@ -10,11 +16,6 @@ import dagster as dg
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.partitions import RANGE_END_TAG, RANGE_START_TAG, TENANT_PARTITIONS
 from cdp_assets.tenants.registry import Tenant, list_tenants
-
-
-def run_priority(tenant: Tenant) -> dict[str, str]:
-    # The queued run coordinator launches higher `dagster/priority` first.
-    return {"dagster/priority": str(-tenant.priority)}
 
 
 def with_partitions(rows: list[Tenant], partition_keys: set[str]) -> list[Tenant]:
@@ -36,7 +37,8 @@ def tenants_with_partitions(
 def tenant_blocks(partition_order: Sequence[str], tenant_rows: list[Tenant]) -> list[list[Tenant]]:
     """`tenant_rows` as blocks of neighbours in the tenants' partition order: one block is one
     range of partitions, which one run covers. A tenant that is not in `tenant_rows` ends a
-    block, so no run reaches it."""
+    block, so no run reaches it. The most urgent blocks (by their most urgent tenant's
+    priority) come first."""
     by_id = {tenant.tenant_id: tenant for tenant in tenant_rows}
     blocks: list[list[Tenant]] = []
     current: list[Tenant] = []
@@ -46,29 +48,21 @@ def tenant_blocks(partition_order: Sequence[str], tenant_rows: list[Tenant]) -> 
         elif current:
             blocks.append(current)
             current = []
-    return blocks + ([current] if current else [])
+    blocks += [current] if current else []
+    return sorted(blocks, key=lambda block: min(tenant.priority for tenant in block))
 
 
 def block_request(
-    block: list[Tenant],
-    run_key: str,
-    asset_selection: list[dg.AssetKey] | None = None,
-    *,
-    by_priority: bool = True,
+    block: list[Tenant], run_key: str, asset_selection: list[dg.AssetKey] | None = None
 ) -> dg.RunRequest:
-    """One run over a block of tenants. `by_priority`: with the priority of the most urgent of
-    them, for runs requested together (a schedule's), which the queue then launches in the
-    tenants' order; else first come, first served, for the chain's runs (drains, refreshes,
-    pushes), requested all day long: with priorities, the first tenants' steady stream of
-    runs kept the last tenants' refresh queued for 18 minutes."""
+    """One run over a block of tenants."""
     first, last = block[0].tenant_id, block[-1].tenant_id
     scope = {} if first == last else {RANGE_START_TAG: first, RANGE_END_TAG: last}
-    urgent = run_priority(min(block, key=lambda tenant: tenant.priority)) if by_priority else {}
     return dg.RunRequest(
         run_key=f"{first}..{last}|{run_key}",
         partition_key=first if first == last else None,
         asset_selection=asset_selection,
-        tags={**scope, **urgent},
+        tags=scope,
     )
 
 

@@ -1,7 +1,7 @@
 """When VTEX data is synced: the old daily-sync and product-sync workers as schedules.
 
 Times are in Buenos Aires. Every tick requests one run per active tenant, in priority
-order and with a Dagster run priority derived from the tenant's (lower syncs first).
+order (lower syncs first), the order the run queue launches them in (tenants/runs.py).
 """
 
 from collections.abc import Mapping
@@ -13,7 +13,7 @@ from cdp_assets.lib.sync_state import OrderGaps, order_gaps
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.partitions import TENANT_RUN_TAG, TIMEZONE, order_months, tenant_month_range_tags
 from cdp_assets.tenants.registry import Tenant
-from cdp_assets.tenants.runs import run_priority, tenants_with_partitions
+from cdp_assets.tenants.runs import tenants_with_partitions
 from cdp_assets.vtex.assets import OVERLAP
 from cdp_assets.vtex.jobs import vtex_orders_sync, vtex_tenant_sync
 
@@ -46,7 +46,7 @@ def order_sync_requests(
     months = recent_months(moment)
     requests = []
     for tenant in tenant_rows:
-        tags = run_priority(tenant) | {TENANT_RUN_TAG: tenant.tenant_id}
+        tags = {TENANT_RUN_TAG: tenant.tenant_id}
         partition_key = None
         if len(months) == 1:
             partition_key = dg.MultiPartitionKey({"tenant": tenant.tenant_id, "month": months[0]})
@@ -71,8 +71,7 @@ def order_sync_requests(
                     partition_key=dg.MultiPartitionKey(
                         {"tenant": tenant.tenant_id, "month": month}
                     ),
-                    tags=run_priority(tenant)
-                    | {REPAIR_TAG: "true", TENANT_RUN_TAG: tenant.tenant_id},
+                    tags={REPAIR_TAG: "true", TENANT_RUN_TAG: tenant.tenant_id},
                 )
             )
     return requests
@@ -84,7 +83,6 @@ def tenant_run_requests(tenant_rows: list[Tenant], moment: datetime) -> list[dg.
         dg.RunRequest(
             run_key=f"{tenant.tenant_id}|{moment:%Y%m%d}",
             partition_key=tenant.tenant_id,
-            tags=run_priority(tenant),
         )
         for tenant in tenant_rows
     ]

@@ -59,8 +59,7 @@ def feed_block_requests(
     """The drains due (due_feeds) as one run per block of neighbouring tenants."""
     due = due_feeds(feeds, set(partition_order), in_flight, now)
     return [
-        block_request(block, f"{now:%Y%m%d%H%M%S}", by_priority=False)
-        for block in tenant_blocks(partition_order, due)
+        block_request(block, f"{now:%Y%m%d%H%M%S}") for block in tenant_blocks(partition_order, due)
     ]
 
 

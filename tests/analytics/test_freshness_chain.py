@@ -27,7 +27,6 @@ from cdp_assets.lib.upsert import upsert_documents
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.partitions import RANGE_END_TAG, RANGE_START_TAG, tenants
 from cdp_assets.tenants.registry import Tenant
-from cdp_assets.tenants.runs import block_request
 from cdp_assets.vtex.assets import TENANTS_LANDED, vtex_orders_feed
 from cdp_assets.vtex.feed import FeedSettings, turn_feed_on
 from cdp_assets.vtex.jobs import FEED_SYNC_JOB
@@ -335,12 +334,13 @@ def test_the_benchmark_lands_an_event_when_its_change_first_landed(conn):
     assert landed[0] == first and landed[1] > first
 
 
-def test_the_chains_refreshes_are_first_come_first_served_in_the_queue():
-    # The queue launches higher dagster/priority first: requested all day long, the first
-    # tenants' refreshes kept a block of the last tenants queued for 18 minutes.
-    rows = [Tenant(t, t, "K", "T", priority=p) for t, p in (("first", 0), ("last", 40))]
-    (refresh,) = changes_requests({"first", "last"}, rows, ["first", "last"], "landed-1")
-    assert (refresh.tags[RANGE_START_TAG], refresh.tags[RANGE_END_TAG]) == ("first", "last")
-    assert "dagster/priority" not in refresh.tags
-    # A schedule's runs, requested together, still launch in the tenants' order.
-    assert block_request(rows[1:], "day").tags["dagster/priority"] == "-40"
+def test_the_queue_is_first_come_first_served_and_a_tick_requests_the_urgent_first():
+    # The queue launches higher dagster/priority first: with the tenant's priority on the
+    # chain's runs, requested all day long, the first tenants' runs kept a block of the last
+    # tenants queued for 18 minutes. No run carries one; a tick requests the urgent first.
+    rows = [Tenant(t, t, "K", "T", priority=p) for t, p in (("a", 3), ("b", 9), ("c", 0))]
+    order = ["a", "b", "x", "c"]  # x landed nothing: c is a block of its own
+    requests = changes_requests({"a", "b", "c"}, rows, order, "landed-1")
+    assert [r.partition_key for r in requests] == ["c", None]
+    assert (requests[1].tags[RANGE_START_TAG], requests[1].tags[RANGE_END_TAG]) == ("a", "b")
+    assert not any("dagster/priority" in r.tags for r in requests)

@@ -83,7 +83,7 @@ def test_orders_sync_covers_the_last_48_hours_across_a_month_end(scheduled_tenan
         assert tenant_months.get_partition_keys_in_range(
             requests[0].partition_key_range, dynamic_partitions_store=instance
         ) == ["2026-11-01|sched_b", "2026-12-01|sched_b"]
-    assert [r.tags["dagster/priority"] for r in requests] == ["-1", "-5"]
+    assert not any("dagster/priority" in r.tags for r in requests)
     assert len({r.run_key for r in requests}) == 2
 
     mid_month = order_sync_requests(
@@ -204,7 +204,7 @@ def test_churn_holdout_runs_weekly_over_blocks_of_neighbouring_tenants(
         with dg.build_schedule_context(instance, sunday, resources=resources) as context:
             pair, single = churn_holdout_weekly(context)
     assert (pair.tags[RANGE_START_TAG], pair.tags[RANGE_END_TAG]) == ("sched_a", "sched_b")
-    assert pair.partition_key is None and pair.tags["dagster/priority"] == "-1"
+    assert pair.partition_key is None and "dagster/priority" not in pair.tags
     assert single.partition_key == "sched_d" and RANGE_START_TAG not in single.tags
     assert pair.run_key.endswith("|20261206") and pair.run_key != single.run_key
     assert churn_holdout_weekly.job_name == CHURN_HOLDOUT_JOB
