@@ -16,6 +16,7 @@ import threading
 from typing import Any, cast
 
 import psycopg
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.pool import QueuePool
 
 from cdp_assets.lib.database import connect
@@ -79,11 +80,12 @@ class _BudgetSessions:
         self._lock = threading.Lock()
 
     def _pool(self, url: str) -> QueuePool:
-        def session() -> Any:  # a psycopg connection, which SQLAlchemy's typing does not know
-            return connect(url, autocommit=True, application_name=application_name())
-
         with self._lock:
             if url not in self._pools:
+
+                def session() -> Any:  # psycopg's connection, unknown to SQLAlchemy's typing
+                    return connect(url, autocommit=True, application_name=application_name())
+
                 self._pools[url] = QueuePool(
                     session,
                     pool_size=SESSIONS_PER_DATABASE,
@@ -94,7 +96,13 @@ class _BudgetSessions:
             return self._pools[url]
 
     def execute(self, url: str, query: str, params: dict[str, object]) -> tuple:
-        session = self._pool(url).connect()
+        try:
+            session = self._pool(url).connect()
+        except PoolTimeout as error:
+            # As a lost connection: the VTEX steps retry on those.
+            raise psycopg.OperationalError(
+                f"no session on the VTEX budget's database was free within {SESSION_WAIT_SECONDS} s"
+            ) from error
         try:
             cursor = cast(psycopg.Connection, session.dbapi_connection).execute(query, params)
             return (cursor.fetchone() or ()) if cursor.description else ()
