@@ -329,8 +329,8 @@ def mask_raw(conn: psycopg.Connection, tenant_id: str, targets: dict[str, list[s
     ).fetchall()
     with conn.cursor() as cursor:
         cursor.executemany(
-            "UPDATE raw_vtex.orders SET payload = %s, summary = %s, synced_at = now()"
-            " WHERE tenant_id = %s AND order_id = %s",
+            "UPDATE raw_vtex.orders SET payload = %s, summary = %s,"
+            " synced_at = statement_timestamp() WHERE tenant_id = %s AND order_id = %s",
             [
                 (
                     Jsonb(masked(payload, identifiers)),
