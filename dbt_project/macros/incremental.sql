@@ -59,18 +59,19 @@
     {%- if config.get('materialized') in ('incremental', 'table') -%}
         do $analyze$
         declare
+            target regclass := {{ sql_literal(this | string) }};
             written numeric;
             known numeric;
         begin
             select coalesce(sum(greatest(n_tup_ins, n_tup_del) + n_tup_upd), 0) into written
             from pg_stat_xact_user_tables
-            where relid = '{{ this }}'::regclass;
+            where relid = target;
             select sum(tenants.frequency) * max(tables.reltuples) into known
             from pg_stats as statistics
             cross join lateral unnest(
                 statistics.most_common_vals::text::text[], statistics.most_common_freqs
             ) as tenants (tenant_id, frequency)
-            inner join pg_class as tables on tables.oid = '{{ this }}'::regclass
+            inner join pg_class as tables on tables.oid = target
             where statistics.schemaname = {{ sql_literal(this.schema) }}
                 and statistics.tablename = {{ sql_literal(this.identifier) }}
                 and statistics.attname = 'tenant_id'
