@@ -115,6 +115,8 @@ class DestinationAudience:
     audience: str
     params: dict[str, Any]
     platform_audience_id: str | None
+    # The membership signature stored by its last completed sync (None: never completed).
+    synced_signature: str | None = None
 
 
 _COLUMNS = (
@@ -182,7 +184,7 @@ def destination_audiences(
     prefixed = ", ".join(f"d.{name.strip()}" for name in _COLUMNS.split(","))
     rows = conn.execute(
         f"""
-        SELECT {prefixed}, a.audience, a.params, a.platform_audience_id
+        SELECT {prefixed}, a.audience, a.params, a.platform_audience_id, a.synced_signature
         FROM cdp.destinations d
         JOIN cdp.destination_audiences a USING (destination_id)
         WHERE d.tenant_id = %s AND d.platform = ANY(%s) AND d.active AND a.active

@@ -19,7 +19,7 @@ from cdp_assets.activation.vtex_collections.assets import vtex_product_collectio
 from cdp_assets.activation.vtex_masterdata.assets import vtex_masterdata_fields
 from cdp_assets.analytics.schedules import on_48_hour_cadence
 from cdp_assets.tenants.registry import Tenant
-from cdp_assets.tenants.runs import block_request, tenant_blocks
+from cdp_assets.tenants.runs import block_request, spanning_blocks, tenant_blocks
 
 ASSET_BY_PLATFORM = {
     "meta": meta_custom_audiences.key,
@@ -72,10 +72,15 @@ def asset_requests(
     tenant_rows: list[Tenant],
     partition_order: Sequence[str],
     run_key: Callable[[list[Tenant], dg.AssetKey], str],
+    changed_only: bool = False,
 ) -> list[dg.RunRequest]:
     """One run per destination asset and block of neighbouring tenants that have one of its
     platforms in `platforms_of` (tenant -> platforms): the platforms' pushes run side by side
-    in the run queue, and a failure or re-execution of one leaves the others alone."""
+    in the run queue, and a failure or re-execution of one leaves the others alone.
+
+    `changed_only`: a block spans the tenants between as well, and its run pushes only the
+    audiences that changed (ActivationConfig.changed_only): one run for changes spread over
+    many tenants, not one per stretch of changed neighbours."""
     requests = []
     for asset_key in sorted(set(ASSET_BY_PLATFORM.values())):
         concerned = [
@@ -85,11 +90,24 @@ def asset_requests(
                 ASSET_BY_PLATFORM[p] == asset_key for p in platforms_of.get(tenant.tenant_id, ())
             )
         ]
+        blocks = (
+            spanning_blocks(partition_order, tenant_rows, {t.tenant_id for t in concerned})
+            if changed_only
+            else tenant_blocks(partition_order, concerned)
+        )
+        run_config = (
+            {"ops": {asset_key.to_python_identifier(): {"config": {"changed_only": True}}}}
+            if changed_only
+            else None
+        )
         requests += [
             block_request(
-                block, f"{asset_key.to_user_string()}|{run_key(block, asset_key)}", [asset_key]
+                block,
+                f"{asset_key.to_user_string()}|{run_key(block, asset_key)}",
+                [asset_key],
+                run_config,
             )
-            for block in tenant_blocks(partition_order, concerned)
+            for block in blocks
         ]
     return requests
 
@@ -99,9 +117,9 @@ def change_requests(
     tenant_rows: list[Tenant],
     partition_order: Sequence[str],
 ) -> list[dg.RunRequest]:
-    """A run per asset and block of neighbouring tenants with changes on its platforms. The
-    run key is a digest of the block's new memberships there: the same change never launches
-    twice."""
+    """A run per asset over the span of the tenants with changes on its platforms, pushing
+    only what changed. The run key is a digest of the span's new memberships there: the same
+    change never launches twice."""
 
     def digest(block: list[Tenant], asset_key: dg.AssetKey) -> str:
         return hashlib.md5(
@@ -109,14 +127,14 @@ def change_requests(
                 sorted(
                     f"{tenant.tenant_id}/{signature}"
                     for tenant in block
-                    for platform, signatures in changed[tenant.tenant_id].items()
+                    for platform, signatures in changed.get(tenant.tenant_id, {}).items()
                     if ASSET_BY_PLATFORM[platform] == asset_key
                     for signature in signatures
                 )
             ).encode()
         ).hexdigest()
 
-    return asset_requests(changed, tenant_rows, partition_order, digest)
+    return asset_requests(changed, tenant_rows, partition_order, digest, changed_only=True)
 
 
 def cadence_requests(

@@ -61,6 +61,9 @@ class ActivationConfig(dg.Config):
     """Allow a run that removes more than the destination's max_removal_share."""
     destinations: list[str] = []
     """Only these destination ids (default: every active destination of the tenant)."""
+    changed_only: bool = False
+    """Only the audiences whose membership changed since their last completed sync (what the
+    audience-change sensor requests: its run covers a range of tenants, some unchanged)."""
 
 
 OUTCOME_COLUMNS = [
@@ -275,6 +278,20 @@ def _without_jit(conn: psycopg.Connection) -> psycopg.Connection:
     return conn
 
 
+def _changed(
+    conn: psycopg.Connection, targets: list[DestinationAudience], adapter: DestinationAdapter
+) -> tuple[list[DestinationAudience], int]:
+    """The targets whose membership signature differs from the one their last completed sync
+    stored (or that have none), and how many were left out."""
+    changed = [
+        target
+        for target in targets
+        if (signature := adapter.signature(conn, target)) is None
+        or signature != target.synced_signature
+    ]
+    return changed, len(targets) - len(changed)
+
+
 def activate(
     context: dg.AssetExecutionContext,
     connect: Callable[[], psycopg.Connection],
@@ -285,6 +302,7 @@ def activate(
     destinations at a time, each worker on connections of its own from `connect`."""
     platforms = adapter.platforms
     tenant_ids = sorted(context.partition_keys)
+    already_synced = 0
     with connect() as conn:
         abandoned = close_abandoned_runs(conn, context.instance)
         targets = [
@@ -293,11 +311,17 @@ def activate(
             for target in destination_audiences(conn, tenant_id, platforms)
             if not config.destinations or target.destination.destination_id in config.destinations
         ]
+        if config.changed_only:
+            targets, already_synced = _changed(conn, targets, adapter)
         gate_refusals = clv_gate_refusals(
             conn,
             {t.destination.tenant_id for t in targets if requires_clv_quality(t.params)},
         )
         conn.commit()
+    if already_synced:
+        context.log.info(
+            f"{already_synced} destination audiences unchanged since their last sync: not pushed"
+        )
     if abandoned:
         context.log.warning(
             f"{abandoned} syncs were left running by runs that ended before them: closed as"
@@ -347,6 +371,8 @@ def activate(
         context.log.info(line)
     metadata = activation_metadata(outcomes, tenant_of, several_tenants=len(tenant_ids) > 1)
     metadata["sync_state_analyzed"] = dg.MetadataValue.bool(analyzed)
+    if config.changed_only:
+        metadata["audiences_already_synced"] = dg.MetadataValue.int(already_synced)
     if any(o.status == "failed" for o in outcomes):
         # The platforms already retried transient errors with backoff inside this run, and
         # state is kept per confirmed batch: what failed here is left to the next trigger

@@ -28,9 +28,9 @@ from cdp_assets.tenants.runs import tenants_with_partitions
     minimum_interval_seconds=30,
     default_status=dg.DefaultSensorStatus.RUNNING,
     description="Every 30 seconds, pushes the audiences whose membership changed since their last"
-    " sync: one run per destination asset (Meta, Google, VTEX collections and Master Data) and"
-    " block of neighbouring tenants with a change on its platforms, none for a tenant whose"
-    " push to that asset is queued or running. The same change never launches twice.",
+    " sync: one run per destination asset (Meta, Google, VTEX collections and Master Data)"
+    " over the tenants with a change on its platforms, pushing only what changed; none while"
+    " a push to that asset is queued or running. The same change never launches twice.",
 )
 def audience_changes_sensor(
     context: dg.SensorEvaluationContext, warehouse: WarehouseResource
@@ -42,7 +42,8 @@ def audience_changes_sensor(
         without_pushes_in_flight(changed, context.instance, order), tenant_rows, order
     )
     return requests or dg.SkipReason(
-        "no audience changed since its last sync, or its push is queued or running"
+        "no audience changed since its last sync, or a push to its destination asset is queued"
+        " or running"
     )
 
 
@@ -51,21 +52,21 @@ def without_pushes_in_flight(
     instance: dg.DagsterInstance,
     partition_order: Sequence[str],
 ) -> dict[str, dict[str, set[str]]]:
-    """`changed` but the platforms of a tenant whose destination asset has a push queued
-    (it reads the members when it starts: the change is in it) or running (the change is
-    requested again once it ends, if its signature still differs): a burst of audience
-    changes is one push per tenant and asset, not one per change."""
+    """`changed` but the platforms of the destination assets with a push queued or running,
+    whatever its tenants. A burst of audience changes is then one push per asset, over every
+    tenant it changed, requested as the push before it ends: not a run per stretch of
+    tenants between those whose push is in flight (which, with each refresh changing every
+    tenant a little, made a dozen runs per refresh and filled the run queue)."""
     busy = {
-        asset_key: set().union(
-            *tenants_in_flight(instance, [activation_push.name], partition_order, asset_key)
-        )
+        asset_key
         for asset_key in set(ASSET_BY_PLATFORM.values())
+        if any(tenants_in_flight(instance, [activation_push.name], partition_order, asset_key))
     }
     return {
         tenant_id: {
             platform: signatures
             for platform, signatures in platforms.items()
-            if tenant_id not in busy[ASSET_BY_PLATFORM[platform]]
+            if ASSET_BY_PLATFORM[platform] not in busy
         }
         for tenant_id, platforms in changed.items()
     }

@@ -10,6 +10,7 @@ stream hold the last tenants' runs in the queue: a refresh waited 18 minutes."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import dagster as dg
 
@@ -52,8 +53,28 @@ def tenant_blocks(partition_order: Sequence[str], tenant_rows: list[Tenant]) -> 
     return sorted(blocks, key=lambda block: min(tenant.priority for tenant in block))
 
 
+def spanning_blocks(
+    partition_order: Sequence[str], tenant_rows: list[Tenant], concerned: set[str]
+) -> list[list[Tenant]]:
+    """The blocks of `tenant_rows` (`tenant_blocks`), each cut to the span from its first to
+    its last tenant in `concerned`, the others between them included; the most urgent (by
+    their most urgent tenant concerned) first."""
+    spans = []
+    for block in tenant_blocks(partition_order, tenant_rows):
+        at = [i for i, tenant in enumerate(block) if tenant.tenant_id in concerned]
+        if at:
+            spans.append(block[at[0] : at[-1] + 1])
+    return sorted(
+        spans,
+        key=lambda span: min(tenant.priority for tenant in span if tenant.tenant_id in concerned),
+    )
+
+
 def block_request(
-    block: list[Tenant], run_key: str, asset_selection: list[dg.AssetKey] | None = None
+    block: list[Tenant],
+    run_key: str,
+    asset_selection: list[dg.AssetKey] | None = None,
+    run_config: dict[str, Any] | None = None,
 ) -> dg.RunRequest:
     """One run over a block of tenants."""
     first, last = block[0].tenant_id, block[-1].tenant_id
@@ -62,6 +83,7 @@ def block_request(
         run_key=f"{first}..{last}|{run_key}",
         partition_key=first if first == last else None,
         asset_selection=asset_selection,
+        run_config=run_config or {},
         tags=scope,
     )
 

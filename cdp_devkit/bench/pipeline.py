@@ -78,14 +78,15 @@ SELECT (SELECT count(*) FROM raw_vtex.orders), (SELECT count(*) FROM raw_vtex.pr
 def _as_run(
     job_name: str, request: dg.RunRequest, run_config: dict[str, Any] | None = None
 ) -> RunRequest:
-    """A run request of a schedule or sensor, for the bench's run workers."""
+    """A run request of a schedule or sensor, for the bench's run workers; its own run config
+    unless `run_config` is given."""
     return RunRequest(
         job_name,
         request.run_key or job_name,
         partition_key=request.partition_key and str(request.partition_key),
         tags=dict(request.tags),
         asset_selection=request.asset_selection,
-        run_config=run_config,
+        run_config=run_config if run_config is not None else dict(request.run_config) or None,
     )
 
 

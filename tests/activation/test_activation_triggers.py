@@ -36,7 +36,6 @@ from cdp_assets.analytics.schedules import on_48_hour_cadence
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.partitions import RANGE_END_TAG, RANGE_START_TAG, tenants
 from cdp_assets.tenants.registry import Tenant, list_tenants
-from cdp_assets.tenants.runs import tenant_blocks
 from cdp_devkit.sandbox.meta.graph import MetaSandbox
 
 ORDER = ["trig_a", "trig_b"]  # the tenants' partitions, in order
@@ -129,33 +128,48 @@ def test_cadence_runs_every_48_hours_across_month_and_year_ends(url) -> None:
     assert cadence_requests(rows, ORDER, {}, active[0]) == []
 
 
-def test_neighbouring_tenants_share_one_run_per_platform_asset() -> None:
-    rows = [Tenant(t, t, "K", "T", priority=p) for t, p in (("t1", 3), ("t2", 1), ("t4", 2))]
-    order = ["t1", "t2", "t3", "t4", "t5"]  # t3 and t5: no change (or inactive)
-    assert [[t.tenant_id for t in b] for b in tenant_blocks(order, rows)] == [["t1", "t2"], ["t4"]]
+def test_one_run_per_platform_asset_spans_the_changed_tenants_and_pushes_only_changes() -> None:
+    rows = [
+        Tenant(t, t, "K", "T", priority=p)
+        for t, p in (("t1", 3), ("t2", 1), ("t3", 5), ("t5", 2), ("t6", 4))
+    ]
+    order = ["t1", "t2", "t3", "t4", "t5", "t6"]  # t4: inactive, or no partition yet
     changed = {
         "t1": {"meta": {"aud=1:x"}},
-        "t2": {"meta": {"aud=2:y"}, "google_data_manager": {"aud=2:y"}},
-        "t4": {"meta": {"aud=3:z"}},
+        "t2": {"google_data_manager": {"aud=2:y"}},
+        "t3": {"meta": {"aud=3:z"}},
+        "t6": {"meta": {"aud=6:v"}},
     }
-    google, meta_range, meta_single = change_requests(changed, rows, order)
-    # Meta: a range over t1..t2; t3 is left out, so t4 runs alone. Google: t2 only, in a run
-    # of its own. No priority: the chain's runs are first come, first served in the queue.
-    assert meta_range.asset_selection == [meta_custom_audiences.key]
-    assert (meta_range.tags[RANGE_START_TAG], meta_range.tags[RANGE_END_TAG]) == ("t1", "t2")
-    assert meta_range.partition_key is None
-    assert not any("dagster/priority" in r.tags for r in (google, meta_range, meta_single))
-    assert meta_single.partition_key == "t4" and RANGE_START_TAG not in meta_single.tags
-    assert meta_single.asset_selection == [meta_custom_audiences.key]
+    google, meta_span, meta_single = change_requests(changed, rows, order)
+    # Meta: one run over t1..t3, t2 included though its Meta audiences did not change; one
+    # for t6 (t4 is no partition a run may cover, and t5, unchanged, is at the span's edge).
+    # Google: t2. No priority: the chain's runs are first come, first served in the queue.
+    assert meta_span.asset_selection == [meta_custom_audiences.key]
+    assert (meta_span.tags[RANGE_START_TAG], meta_span.tags[RANGE_END_TAG]) == ("t1", "t3")
+    assert meta_span.partition_key is None
+    assert not any("dagster/priority" in r.tags for r in (google, meta_span, meta_single))
+    assert meta_single.partition_key == "t6" and RANGE_START_TAG not in meta_single.tags
     assert google.partition_key == "t2" and google.asset_selection == [google_customer_match.key]
-    # The run key follows the block's memberships on the asset's platforms only.
+    # Each run pushes only the audiences that changed (t3's are left alone).
+    for request, op in (
+        (google, "google_customer_match"),
+        (meta_span, "meta_custom_audiences"),
+        (meta_single, "meta_custom_audiences"),
+    ):
+        assert request.run_config == {"ops": {op: {"config": {"changed_only": True}}}}
+    # The run key follows the span's memberships on the asset's platforms only.
     keys = [r.run_key for r in change_requests(changed, rows, order)]
-    assert keys == [google.run_key, meta_range.run_key, meta_single.run_key]
+    assert keys == [google.run_key, meta_span.run_key, meta_single.run_key]
     assert len(set(keys)) == 3
     changed["t2"]["google_data_manager"] = {"aud=2:w"}
     again = change_requests(changed, rows, order)
     assert again[0].run_key != google.run_key
-    assert [r.run_key for r in again[1:]] == [meta_range.run_key, meta_single.run_key]
+    assert [r.run_key for r in again[1:]] == [meta_span.run_key, meta_single.run_key]
+    # Runs come most urgent first, by the span's most urgent changed tenant: with t1's change
+    # gone, t6 (priority 4) before t3 (5).
+    del changed["t1"]
+    _, meta_t6, meta_t3 = change_requests(changed, rows, order)
+    assert meta_t6.partition_key == "t6" and meta_t3.partition_key == "t3"
 
 
 def test_schedule_runs_the_assets_of_each_tenants_destinations(instance, url) -> None:
@@ -190,8 +204,9 @@ def test_after_a_reset_the_sensor_pushes_the_same_membership_again(instance, url
                 recreate_deleted_audiences=False,
             ),
         )
-        rows = list_tenants(conn)
-        order = [*ORDER, "trig_gone"]
+        # trig_gone alone: its run keys, whatever the other tenants' changes.
+        rows = [t for t in list_tenants(conn) if t.tenant_id == "trig_gone"]
+        order = ["trig_gone"]
         instance.add_dynamic_partitions(tenants.name, ["trig_gone"])
         with MetaSandbox({"trigger-token": ["55"]}) as meta:
             resources = {
@@ -240,3 +255,68 @@ def test_after_a_reset_the_sensor_pushes_the_same_membership_again(instance, url
             assert after_reset.run_key != failing.run_key
             assert push().success
         assert "trig_gone" not in changed_audiences(conn)
+
+
+def test_a_change_push_over_a_span_of_tenants_syncs_only_the_changed_audiences(
+    instance, url
+) -> None:
+    with psycopg.connect(url) as conn:
+        register_destination(
+            conn,
+            Destination(
+                "trig_b_meta",
+                "trig_b",
+                "meta",
+                "55",
+                credential_refs={"access_token": "TRIGGER_META_TOKEN"},
+            ),
+        )
+        instance.add_dynamic_partitions(tenants.name, ORDER)
+        set_members(conn, "trig_b", range(200))  # over Meta's minimum audience size
+        with MetaSandbox({"trigger-token": ["55"]}) as meta:
+
+            def push(request: dg.RunRequest) -> dg.ExecuteInProcessResult:
+                result = dg.materialize(
+                    [meta_custom_audiences],
+                    instance=instance,
+                    resources={
+                        "warehouse": WarehouseResource(url=url),
+                        "meta": MetaResource(graph_url=meta.graph_url),
+                    },
+                    tags=request.tags,
+                    run_config=request.run_config,
+                )
+                assert result.success
+                return result
+
+            def history() -> dict[str, int]:
+                return dict(
+                    conn.execute(
+                        "SELECT destination_id, count(*) FROM cdp.activation_runs"
+                        " WHERE destination_id IN ('trig_a_meta', 'trig_b_meta')"
+                        " GROUP BY destination_id"
+                    ).fetchall()
+                )
+
+            set_members(conn, "trig_a", range(30, 230))
+            (both,) = change_requests(changed_audiences(conn), list_tenants(conn), ORDER)
+            assert (both.tags[RANGE_START_TAG], both.tags[RANGE_END_TAG]) == ("trig_a", "trig_b")
+            push(both)
+            assert changed_audiences(conn) == {}
+            before = history()
+
+            # trig_b changes alone: a run over both tenants would push only trig_b's audience.
+            set_members(conn, "trig_b", range(5, 205))
+            assert set(changed_audiences(conn)) == {"trig_b"}
+            span = dg.RunRequest(
+                tags={RANGE_START_TAG: "trig_a", RANGE_END_TAG: "trig_b"},
+                run_config=both.run_config,
+            )
+            result = push(span)
+            (materialization, *_) = result.asset_materializations_for_node("meta_custom_audiences")
+            assert materialization.metadata["audiences_already_synced"].value == 1
+            assert history() == {
+                "trig_a_meta": before["trig_a_meta"],
+                "trig_b_meta": before["trig_b_meta"] + 1,
+            }
+            assert changed_audiences(conn) == {}

@@ -15,6 +15,7 @@ import pytest
 from support import register, store_from_history_start, sync, vtex_for
 
 from cdp_assets.activation.destinations import Destination, add_audience, add_destination
+from cdp_assets.activation.google.assets import google_customer_match
 from cdp_assets.activation.jobs import activation_push
 from cdp_assets.activation.meta.assets import meta_custom_audiences
 from cdp_assets.activation.sensors import audience_changes_sensor
@@ -271,22 +272,33 @@ def test_a_push_queued_or_running_absorbs_further_audience_changes(chain, instan
     conn.commit()
     pushes, _ = tick(audience_changes_sensor, instance)
     assert "chain_a" in {p.partition_key for p in pushes}
-    for status in (dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTED):
+
+    def push_in_flight(status: dg.DagsterRunStatus, tenant_id: str, asset: dg.AssetKey) -> str:
         run_id = str(uuid.uuid4())
         instance.add_run(
             dg.DagsterRun(
                 job_name=activation_push.name,
                 run_id=run_id,
                 status=status,
-                tags={"dagster/partition": "chain_a"},
-                asset_selection=frozenset([meta_custom_audiences.key]),
+                tags={"dagster/partition": tenant_id},
+                asset_selection=frozenset([asset]),
             )
         )
-        pushes, _ = tick(audience_changes_sensor, instance)
-        assert "chain_a" not in {p.partition_key for p in pushes}, status
-        instance.delete_run(run_id)
+        return run_id
+
+    # A Meta push queued or running, of this tenant or another, holds the next one back: it
+    # is requested once that push ends, over every tenant changed meanwhile.
+    for status in (dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTED):
+        for tenant_id in ("chain_a", "chain_b"):
+            run_id = push_in_flight(status, tenant_id, meta_custom_audiences.key)
+            pushes, _ = tick(audience_changes_sensor, instance)
+            assert "chain_a" not in {p.partition_key for p in pushes}, (status, tenant_id)
+            instance.delete_run(run_id)
+    # A push to another destination asset does not.
+    run_id = push_in_flight(dg.DagsterRunStatus.STARTED, "chain_a", google_customer_match.key)
     pushes, _ = tick(audience_changes_sensor, instance)
     assert "chain_a" in {p.partition_key for p in pushes}
+    instance.delete_run(run_id)
 
 
 def test_the_benchmark_credits_each_change_to_the_first_push_after_its_refresh():
