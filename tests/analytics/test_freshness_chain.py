@@ -9,10 +9,9 @@ import uuid
 from datetime import UTC, datetime, timedelta
 
 import dagster as dg
-import orjson
 import psycopg
 import pytest
-from support import register, store_from_history_start, sync, vtex_for
+from support import order_row, register, store_from_history_start, sync, vtex_for
 
 from cdp_assets.activation.destinations import Destination, add_audience, add_destination
 from cdp_assets.activation.google.assets import google_customer_match
@@ -317,9 +316,7 @@ def test_the_benchmark_credits_each_change_to_the_first_push_after_its_refresh()
 
 def landed_order(conn: psycopg.Connection, tenant: str, order_id: str, change: datetime) -> None:
     """The order as a drain lands it after a change at `change`."""
-    summary = orjson.dumps({"status": "invoiced"}).decode()
-    document = orjson.dumps({"orderId": order_id, "lastChange": change.isoformat()}).decode()
-    upsert_documents(conn, ORDERS, tenant, [(order_id, change, change, summary, document)])
+    upsert_documents(conn, ORDERS, tenant, [order_row(order_id, change, "invoiced", change)])
     conn.commit()
 
 

@@ -3,6 +3,7 @@ from datetime import UTC, datetime, timedelta
 import orjson
 import psycopg
 import pytest
+from support import order_row
 
 from cdp_assets.lib.rejects import Reject, record_rejects
 from cdp_assets.lib.upsert import upsert_documents
@@ -12,8 +13,7 @@ T0 = datetime(2024, 3, 1, 12, 0, tzinfo=UTC)
 
 
 def order(order_id: str, stamp: datetime, status: str) -> tuple:
-    doc = {"orderId": order_id, "status": status, "lastChange": stamp.isoformat()}
-    return (order_id, stamp, T0, as_json({"status": status}), as_json(doc))
+    return order_row(order_id, stamp, status, T0)
 
 
 def as_json(doc: dict) -> str:

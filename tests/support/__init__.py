@@ -25,6 +25,22 @@ from cdp_assets.vtex.resources import VtexResource
 from cdp_devkit.sandbox import SandboxProcess, StoreSpec, credentials_for
 
 
+def order_row(
+    order_id: str, last_change: datetime, status: str, created: datetime
+) -> tuple[str, datetime, datetime, str, str]:
+    """An order as the VTEX steps hand it to `upsert_documents`: id, last change, creation,
+    summary and document."""
+    document = {"orderId": order_id, "status": status, "lastChange": last_change.isoformat()}
+    summary = {"status": status}
+    return (
+        order_id,
+        last_change,
+        created,
+        orjson.dumps(summary).decode(),
+        orjson.dumps(document).decode(),
+    )
+
+
 def months_ago(back: int) -> date:
     """The first day of the month `back` months before this one (UTC)."""
     return month_start(datetime.now(UTC), back).date()
