@@ -29,7 +29,7 @@ import subprocess
 import sys
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -327,10 +327,38 @@ def _rounded(value: float | None) -> float | None:
     return None if value is None else round(value, 1)
 
 
-def runs_by_job(instance: dg.DagsterInstance, since: datetime) -> dict[str, int]:
-    """Runs the daemon launched since `since`, by job: the run queue's load."""
-    records = instance.get_run_records(dg.RunsFilter(created_after=since))
-    return dict(Counter(record.dagster_run.job_name for record in records))
+def job_load(runs: Iterable[tuple[str, float, float | None]]) -> dict[str, dict[str, Any]]:
+    """Per job, of its runs (job, created, started or None): how many, and the seconds the
+    started ones waited in the run queue, p50, p95 and max."""
+    waits: dict[str, list[float]] = defaultdict(list)
+    counts: Counter[str] = Counter()
+    for job, created, started in runs:
+        counts[job] += 1
+        if started is not None:
+            waits[job].append(started - created)
+    return {
+        job: {
+            "runs": count,
+            **{
+                f"queue_wait_{name}_seconds": None if value is None else round(value, 1)
+                for name, value in (
+                    ("p50", percentile(waits[job], 0.5)),
+                    ("p95", percentile(waits[job], 0.95)),
+                    ("max", max(waits[job], default=None)),
+                )
+            },
+        }
+        for job, count in sorted(counts.items())
+    }
+
+
+def runs_by_job(instance: dg.DagsterInstance, since: datetime) -> dict[str, dict[str, Any]]:
+    """The runs the daemon launched since `since`, by job (`job_load`): the run queue's load,
+    and what each hop of the chain paid for it."""
+    return job_load(
+        (record.dagster_run.job_name, record.create_timestamp.timestamp(), record.start_time)
+        for record in instance.get_run_records(dg.RunsFilter(created_after=since))
+    )
 
 
 def run_freshness(bench: Bench) -> StageResult:

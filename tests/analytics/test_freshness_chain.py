@@ -32,7 +32,7 @@ from cdp_assets.vtex.feed import FeedSettings, turn_feed_on
 from cdp_assets.vtex.jobs import FEED_SYNC_JOB
 from cdp_assets.vtex.sensors import vtex_orders_feed_sensor
 from cdp_assets.vtex.sync import ORDERS
-from cdp_devkit.bench.freshness import Event, at_platform, observe_landings
+from cdp_devkit.bench.freshness import Event, at_platform, job_load, observe_landings
 from cdp_devkit.sandbox import MetaSandbox, SandboxProcess
 
 STORES = {
@@ -353,3 +353,24 @@ def test_the_queue_is_first_come_first_served_and_a_tick_requests_the_urgent_fir
     assert [r.partition_key for r in requests] == ["c", None]
     assert (requests[1].tags[RANGE_START_TAG], requests[1].tags[RANGE_END_TAG]) == ("a", "b")
     assert not any("dagster/priority" in r.tags for r in requests)
+
+
+def test_the_benchmark_reports_each_jobs_runs_and_their_wait_in_the_queue():
+    load = job_load(
+        [("push", 0.0, 5.0), ("push", 10.0, 25.0), ("push", 20.0, None), ("refresh", 3.0, 4.5)]
+    )
+    assert load == {
+        "push": {
+            "runs": 3,  # one still queued: counted, no wait yet
+            "queue_wait_p50_seconds": 5.0,
+            "queue_wait_p95_seconds": 15.0,
+            "queue_wait_max_seconds": 15.0,
+        },
+        "refresh": {
+            "runs": 1,
+            "queue_wait_p50_seconds": 1.5,
+            "queue_wait_p95_seconds": 1.5,
+            "queue_wait_max_seconds": 1.5,
+        },
+    }
+    assert job_load([("drain", 0.0, None)])["drain"]["queue_wait_p50_seconds"] is None
