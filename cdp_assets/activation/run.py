@@ -63,7 +63,8 @@ class ActivationConfig(dg.Config):
     """Only these destination ids (default: every active destination of the tenant)."""
     changed_only: bool = False
     """Only the audiences whose membership changed since their last completed sync (what the
-    audience-change sensor requests: its run covers a range of tenants, some unchanged)."""
+    audience-change sensor requests: its run covers a range of tenants, some unchanged).
+    Destinations without a membership signature (VTEX's) sync everything all the same."""
 
 
 OUTCOME_COLUMNS = [
@@ -382,7 +383,7 @@ def activate(
             metadata=metadata,
             allow_retries=False,
         )
-    if not targets:
+    if not targets and not already_synced:
         context.log.info(f"tenants {tenant_ids} have no active destination on {platforms}")
     if len(tenant_ids) > 1:
         metadata["tenants_in_run"] = dg.MetadataValue.int(len(tenant_ids))
@@ -406,10 +407,11 @@ class AudienceAdapter(DestinationAdapter):
         self.build_row = build_row
         self.countries = {t: get_tenant(conn, t).default_country for t in self.tenant_ids}
         self.views = audience_views(conn)
-        # audience -> tenant -> signature, for every tenant of the run at the audience's first
-        # push: one query per audience, not per tenant. An audience refreshed before a later
-        # tenant's members are read leaves that tenant an older signature, so the change
-        # sensor pushes it once more (the diff sends nothing new).
+        # audience -> tenant -> signature, for every tenant of the run when first asked (at
+        # the run's start with `changed_only`, else at the audience's first push): one query
+        # per audience, not per tenant. An audience refreshed before a tenant's members are
+        # read leaves that tenant an older signature, so the change sensor pushes it once
+        # more (the diff sends nothing new).
         self.signatures: dict[str, dict[str, str]] = {}
         self.reading_signatures = threading.Lock()
 
@@ -421,7 +423,9 @@ class AudienceAdapter(DestinationAdapter):
         country = self.countries[target.destination.tenant_id]
         return audience_members(reader, target, country, self.build_row)
 
-    def signature(self, writer: psycopg.Connection, target: DestinationAudience) -> str:
+    def signature(self, writer: psycopg.Connection, target: DestinationAudience) -> str | None:
+        if target.audience not in self.views:
+            return None  # reading its members fails, for this audience alone
         with self.reading_signatures:
             if target.audience not in self.signatures:
                 self.signatures[target.audience] = audience_signatures(

@@ -4,6 +4,7 @@ verdicts of its audience's pending requests)."""
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
@@ -16,11 +17,12 @@ from cdp_assets.activation.push_requests import (
     awaiting_verdicts,
     change_requests,
     changed_audiences,
+    pushes_only_changes,
     verdict_requests,
 )
-from cdp_assets.analytics.jobs import tenants_in_flight
+from cdp_assets.analytics.jobs import QUEUED, STARTED
 from cdp_assets.lib.warehouse import WarehouseResource
-from cdp_assets.tenants.runs import tenants_with_partitions
+from cdp_assets.tenants.runs import run_tenants_of, tenants_with_partitions
 
 
 @dg.sensor(
@@ -28,9 +30,11 @@ from cdp_assets.tenants.runs import tenants_with_partitions
     minimum_interval_seconds=30,
     default_status=dg.DefaultSensorStatus.RUNNING,
     description="Every 30 seconds, pushes the audiences whose membership changed since their last"
-    " sync: one run per destination asset (Meta, Google, VTEX collections and Master Data)"
-    " over the tenants with a change on its platforms, pushing only what changed; none while"
-    " a push to that asset is queued or running. The same change never launches twice.",
+    " sync to Meta and Google: one run per destination asset over the tenants with a change on"
+    " its platforms, pushing only what changed. None while a push of changes to that asset is"
+    " queued or running (the next one covers everything changed meanwhile), and none for a"
+    " tenant that the 48-hour push or a verdict poll is pushing. The same change never"
+    " launches twice.",
 )
 def audience_changes_sensor(
     context: dg.SensorEvaluationContext, warehouse: WarehouseResource
@@ -39,7 +43,7 @@ def audience_changes_sensor(
         changed = changed_audiences(conn)
     tenant_rows, order = tenants_with_partitions(context, warehouse)
     requests = change_requests(
-        without_pushes_in_flight(changed, context.instance, order), tenant_rows, order
+        changed, tenant_rows, order, pushes_in_flight(context.instance, order)
     )
     return requests or dg.SkipReason(
         "no audience changed since its last sync, or a push to its destination asset is queued"
@@ -47,29 +51,31 @@ def audience_changes_sensor(
     )
 
 
-def without_pushes_in_flight(
-    changed: dict[str, dict[str, set[str]]],
-    instance: dg.DagsterInstance,
-    partition_order: Sequence[str],
-) -> dict[str, dict[str, set[str]]]:
-    """`changed` but the platforms of the destination assets with a push queued or running,
-    whatever its tenants. A burst of audience changes is then one push per asset, over every
-    tenant it changed, requested as the push before it ends: not a run per stretch of
-    tenants between those whose push is in flight (which, with each refresh changing every
-    tenant a little, made a dozen runs per refresh and filled the run queue)."""
-    busy = {
-        asset_key
-        for asset_key in set(ASSET_BY_PLATFORM.values())
-        if any(tenants_in_flight(instance, [activation_push.name], partition_order, asset_key))
-    }
-    return {
-        tenant_id: {
-            platform: signatures
-            for platform, signatures in platforms.items()
-            if ASSET_BY_PLATFORM[platform] not in busy
-        }
-        for tenant_id, platforms in changed.items()
-    }
+def pushes_in_flight(
+    instance: dg.DagsterInstance, partition_order: Sequence[str]
+) -> dict[dg.AssetKey, set[str]]:
+    """Destination asset -> the tenants no push of changes may cover now.
+
+    - Every tenant while a push of changes to the asset is queued or running: a burst of
+      audience changes is then one push per asset, requested once that push ends, over every
+      tenant changed meanwhile. Splitting around the tenants in flight instead made a dozen
+      runs of each refresh of every tenant, and filled the run queue.
+    - Else the tenants of its other pushes in flight (the 48-hour push, a verdict poll): a
+      queued one reads the members when it starts (the change is in it), a running one is
+      followed by a push of changes once it ends; no two runs push one tenant at once."""
+    held: dict[dg.AssetKey, set[str]] = defaultdict(set)
+    runs = instance.get_runs(
+        filters=dg.RunsFilter(job_name=activation_push.name, statuses=[*QUEUED, *STARTED])
+    )
+    for run in runs:
+        tenants = (
+            set(partition_order)
+            if pushes_only_changes(run)
+            else run_tenants_of(run, partition_order)
+        )
+        for asset_key in run.asset_selection or set(ASSET_BY_PLATFORM.values()):
+            held[asset_key] |= tenants
+    return held
 
 
 @dg.sensor(

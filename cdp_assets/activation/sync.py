@@ -637,6 +637,15 @@ def _sync(
         if asynchronous:
             outcome.pending, _ = _pending(conn, key)
         return None
+    if to_add or to_remove or options.full_replace:
+        # The platform's membership is about to move. Until this sync completes, no stored
+        # signature may claim it matches: a sync that fails half-way, then a membership back
+        # at the stored one, would otherwise leave the half-sent change on the platform
+        # (a run of only the changed audiences would skip it).
+        conn.execute(
+            f"UPDATE cdp.destination_audiences SET synced_signature = NULL WHERE {_STATE}", key
+        )
+        conn.commit()
     if options.full_replace:
         _replace(conn, key, run, platform, platform_id, outcome)
     else:

@@ -329,7 +329,8 @@ def _rounded(value: float | None) -> float | None:
 
 def job_load(runs: Iterable[tuple[str, float, float | None]]) -> dict[str, dict[str, Any]]:
     """Per job, of its runs (job, created, started or None): how many, and the seconds the
-    started ones waited in the run queue, p50, p95 and max."""
+    started ones waited from their creation to their start, p50, p95 and max: the run queue,
+    then the launcher and the run's process starting."""
     waits: dict[str, list[float]] = defaultdict(list)
     counts: Counter[str] = Counter()
     for job, created, started in runs:
@@ -340,7 +341,7 @@ def job_load(runs: Iterable[tuple[str, float, float | None]]) -> dict[str, dict[
         job: {
             "runs": count,
             **{
-                f"queue_wait_{name}_seconds": None if value is None else round(value, 1)
+                f"queue_wait_{name}_seconds": _rounded(value)
                 for name, value in (
                     ("p50", percentile(waits[job], 0.5)),
                     ("p95", percentile(waits[job], 0.95)),

@@ -44,6 +44,7 @@ from cdp_assets.activation.identifiers import (
 from cdp_assets.activation.meta.assets import meta_custom_audiences
 from cdp_assets.activation.meta.audiences import FORM_PIECE, MetaAudiences, MetaError, form_encode
 from cdp_assets.activation.meta.resources import MetaResource
+from cdp_assets.activation.push_requests import changed_audiences
 from cdp_assets.activation.run import FAILURE_LENGTH, failure_description
 from cdp_assets.activation.sync import (
     DELETE_UP_TO_BYTES,
@@ -484,15 +485,17 @@ def test_a_full_replace_records_the_rows_meta_refuses_as_rejected_not_confirmed(
     )
 
 
-def test_an_audience_without_its_view_fails_alone(instance, url, sandbox) -> None:
-    destination = setup(url, "meta_noview", 150, range(150))
+@pytest.mark.parametrize("changed_only", [False, True], ids=["every audience", "changed only"])
+def test_an_audience_without_its_view_fails_alone(instance, url, sandbox, changed_only) -> None:
+    tenant_id = "meta_noview_changes" if changed_only else "meta_noview"
+    destination = setup(url, tenant_id, 150, range(150))
     with psycopg.connect(url) as conn:
         add_audience(conn, destination.destination_id, "audience_never_built")
         conn.commit()
-    result = push(instance, url, sandbox, "meta_noview")
+    result = push(instance, url, sandbox, tenant_id, changed_only=changed_only)
     assert not result.success
     (failure,) = [e for e in result.all_events if e.is_step_failure]
-    assert "meta_noview_meta/audience_never_built" in failure.step_failure_data.error.message
+    assert f"{tenant_id}_meta/audience_never_built" in failure.step_failure_data.error.message
     with psycopg.connect(url) as conn:
         history = {r["audience"]: r for r in runs(conn, destination.destination_id)}
     assert history[AUDIENCE]["status"] == "synced" and history[AUDIENCE]["added"] == 135
@@ -501,6 +504,26 @@ def test_an_audience_without_its_view_fails_alone(instance, url, sandbox) -> Non
         "no audience materialized view audiences.audience_never_built"
         in (history["audience_never_built"]["reason"])
     )
+
+
+def test_a_sync_that_fails_half_way_is_pushed_again_even_once_its_members_are_back(
+    instance, url, sandbox
+) -> None:
+    """The stored signature says what the platform holds. A sync whose removals went through
+    and whose additions were refused leaves none: once the audience is back at the members
+    of the last completed sync, a push of only the changed audiences still sends them."""
+    setup(url, "meta_half", 300, range(200))
+    assert push(instance, url, sandbox, "meta_half").success
+    with psycopg.connect(url) as conn:
+        assert "meta_half" not in changed_audiences(conn)
+        set_members(conn, "meta_half", range(100, 300))
+        sandbox.inject("invalid_parameter", method="POST")  # the additions, not the removals
+        assert not push(instance, url, sandbox, "meta_half", changed_only=True).success
+        assert member_keys(sandbox, "meta_half") == matchable("meta_half", range(100, 200))
+        set_members(conn, "meta_half", range(200))
+        assert "meta_half" in changed_audiences(conn)
+    assert push(instance, url, sandbox, "meta_half", changed_only=True).success
+    assert member_keys(sandbox, "meta_half") == matchable("meta_half", range(200))
 
 
 def test_a_missing_credential_fails_naming_the_reference(instance, url, sandbox) -> None:
@@ -694,6 +717,7 @@ from cdp_assets.framework.dagster_storage import storage_config
 from cdp_assets.lib.database import sqlalchemy_url
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.activation.meta.assets import meta_custom_audiences
+from cdp_assets.activation.push_requests import changed_audiences
 from cdp_assets.activation.meta.resources import MetaResource
 
 instance_url, warehouse_url, graph_url, tenant_id = sys.argv[1:]

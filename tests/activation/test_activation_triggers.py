@@ -150,7 +150,7 @@ def test_one_run_per_platform_asset_spans_the_changed_tenants_and_pushes_only_ch
     assert not any("dagster/priority" in r.tags for r in (google, meta_span, meta_single))
     assert meta_single.partition_key == "t6" and RANGE_START_TAG not in meta_single.tags
     assert google.partition_key == "t2" and google.asset_selection == [google_customer_match.key]
-    # Each run pushes only the audiences that changed (t3's are left alone).
+    # Each run pushes only the audiences that changed (t2's Meta audiences are left alone).
     for request, op in (
         (google, "google_customer_match"),
         (meta_span, "meta_custom_audiences"),

@@ -17,6 +17,7 @@ from cdp_assets.activation.destinations import Destination, add_audience, add_de
 from cdp_assets.activation.google.assets import google_customer_match
 from cdp_assets.activation.jobs import activation_push
 from cdp_assets.activation.meta.assets import meta_custom_audiences
+from cdp_assets.activation.push_requests import pushes_only_changes
 from cdp_assets.activation.sensors import audience_changes_sensor
 from cdp_assets.analytics.feed_changes import changes_requests
 from cdp_assets.analytics.jobs import CHANGES_JOB
@@ -62,6 +63,7 @@ def execute(instance: dg.DagsterInstance, job_name: str, request: dg.RunRequest)
         partition_key=request.partition_key,
         tags=request.tags,
         asset_selection=request.asset_selection,
+        run_config=request.run_config,
         raise_on_error=False,
     )
     assert result.success, f"{job_name} {request.tags} failed"
@@ -191,14 +193,15 @@ def test_an_order_event_reaches_the_audience_and_meta_through_the_chain(chain, i
     assert members(conn, "chain_b") == b_before
 
     pushes, _ = tick(audience_changes_sensor, instance)
-    (push,) = [p for p in pushes if p.partition_key == "chain_a"]
+    (push,) = [p for p in pushes if "chain_a" in covered(p, order)]
+    assert push.asset_selection == [meta_custom_audiences.key]
     execute(instance, activation_push.name, push)
     assert meta_members(meta) == reachable(conn, "chain_a")
     assert joined & reachable(conn, "chain_a") <= meta_members(meta)
     assert joined & meta_members(meta)
     # Pushed: nothing left to request.
     again, _ = tick(audience_changes_sensor, instance)
-    assert "chain_a" not in {p.partition_key for p in again}
+    assert not any("chain_a" in covered(p, order) for p in again)
 
 
 def drained(instance: dg.DagsterInstance, tenant_id: str, rows_inserted: int) -> None:
@@ -263,16 +266,26 @@ def test_a_burst_of_events_is_one_refresh_per_tenant(chain, instance):
 
 def test_a_push_queued_or_running_absorbs_further_audience_changes(chain, instance):
     _, _, conn = chain
+    order = instance.get_dynamic_partitions(tenants.name)
     conn.execute(
         f"DELETE FROM audiences.{AUDIENCE} WHERE tenant_id = 'chain_a'"
         f" AND customer_key = (SELECT min(customer_key) FROM audiences.{AUDIENCE}"
         "  WHERE tenant_id = 'chain_a')"
     )
     conn.commit()
-    pushes, _ = tick(audience_changes_sensor, instance)
-    assert "chain_a" in {p.partition_key for p in pushes}
 
-    def push_in_flight(status: dg.DagsterRunStatus, tenant_id: str, asset: dg.AssetKey) -> str:
+    def meta_pushes_of_chain_a() -> list[dg.RunRequest]:
+        pushes, _ = tick(audience_changes_sensor, instance)
+        return [
+            p
+            for p in pushes
+            if p.asset_selection == [meta_custom_audiences.key] and "chain_a" in covered(p, order)
+        ]
+
+    (request,) = meta_pushes_of_chain_a()
+    assert pushes_only_changes(dg.DagsterRun(job_name="push", run_config=request.run_config))
+
+    def in_flight(status: dg.DagsterRunStatus, tenant_id: str, asset: dg.AssetKey, config) -> str:
         run_id = str(uuid.uuid4())
         instance.add_run(
             dg.DagsterRun(
@@ -281,23 +294,32 @@ def test_a_push_queued_or_running_absorbs_further_audience_changes(chain, instan
                 status=status,
                 tags={"dagster/partition": tenant_id},
                 asset_selection=frozenset([asset]),
+                run_config=config,
             )
         )
         return run_id
 
-    # A Meta push queued or running, of this tenant or another, holds the next one back: it
-    # is requested once that push ends, over every tenant changed meanwhile.
-    for status in (dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTED):
-        for tenant_id in ("chain_a", "chain_b"):
-            run_id = push_in_flight(status, tenant_id, meta_custom_audiences.key)
-            pushes, _ = tick(audience_changes_sensor, instance)
-            assert "chain_a" not in {p.partition_key for p in pushes}, (status, tenant_id)
-            instance.delete_run(run_id)
-    # A push to another destination asset does not.
-    run_id = push_in_flight(dg.DagsterRunStatus.STARTED, "chain_a", google_customer_match.key)
-    pushes, _ = tick(audience_changes_sensor, instance)
-    assert "chain_a" in {p.partition_key for p in pushes}
-    instance.delete_run(run_id)
+    queued, started = dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTED
+    meta, google = meta_custom_audiences.key, google_customer_match.key
+    cases = [
+        # A push of changes to Meta queued or running, of any tenant: the next one waits for
+        # it to end, then covers everything changed meanwhile.
+        (queued, "chain_b", meta, request.run_config, False),
+        (started, "chain_b", meta, request.run_config, False),
+        # The 48-hour push (or a verdict poll) holds only its own tenants.
+        (queued, "chain_a", meta, {}, False),
+        (started, "chain_a", meta, {}, False),
+        (started, "chain_b", meta, {}, True),
+        # A push to another destination asset holds nothing of Meta's.
+        (started, "chain_a", google, {}, True),
+    ]
+    for status, tenant_id, asset, config, requested in cases:
+        run_id = in_flight(status, tenant_id, asset, config)
+        found = meta_pushes_of_chain_a()
+        assert bool(found) == requested, (status, tenant_id, asset, config)
+        assert not any(tenant_id in covered(p, order) for p in found if asset == meta)
+        instance.delete_run(run_id)
+    assert meta_pushes_of_chain_a()
 
 
 def test_the_benchmark_credits_each_change_to_the_first_push_after_its_refresh():

@@ -425,7 +425,8 @@ class _Graph:
         self.book.replace_lock_seconds = limits.replace_lock_seconds
         self.lock = threading.Lock()
         self.recorded: RequestLog[RecordedRequest] = RequestLog()
-        self.faults: deque[tuple[str, str]] = deque()  # (kind, path_contains), oldest first
+        # (kind, path_contains, method or None for any), oldest first
+        self.faults: deque[tuple[str, str, str | None]] = deque()
         self._trace_ids = itertools.count(1)
 
     def handle(
@@ -451,7 +452,10 @@ class _Graph:
                 if url_bytes > MAX_URL_BYTES:
                     reply = _Reply(414, _URI_TOO_LONG, _HTML)
                 else:
-                    fault = self._take_fault(path)
+                    # Graph takes a `method` parameter for the verb (a removal is a POST
+                    # with method=DELETE): a fault meant for one verb matches it too.
+                    verb = str({**query, **form}.get("method", method)).upper()
+                    fault = self._take_fault(path, verb)
                     if fault == "bad_gateway_html":
                         reply = _Reply(502, _BAD_GATEWAY, _HTML)
                     elif fault == "never_answer":
@@ -503,9 +507,9 @@ class _Graph:
             raise _unsupported(method, path)
         return _Call(self, accounts, method, path, path_params, params)
 
-    def _take_fault(self, path: str) -> str | None:
-        for index, (kind, path_contains) in enumerate(self.faults):
-            if path_contains in path:
+    def _take_fault(self, path: str, verb: str) -> str | None:
+        for index, (kind, path_contains, method) in enumerate(self.faults):
+            if path_contains in path and method in (None, verb):
                 del self.faults[index]
                 return kind
         return None
@@ -691,8 +695,17 @@ class MetaSandbox(LoopbackSandbox[RecordedRequest]):
         """The account's audiences with every readable Graph field, oldest first."""
         return self._graph.audiences(_account_id(account_id))
 
-    def inject(self, fault: str, *, times: int = 1, path_contains: str = "/users") -> None:
-        """Answer the next ``times`` requests whose path contains ``path_contains`` with a fault.
+    def inject(
+        self,
+        fault: str,
+        *,
+        times: int = 1,
+        path_contains: str = "/users",
+        method: str | None = None,
+    ) -> None:
+        """Answer the next ``times`` requests whose path contains ``path_contains`` (and whose
+        verb is ``method``, when given: ``"DELETE"`` for removals, ``"POST"`` for additions)
+        with a fault.
 
         Queued faults are consumed in order by matching requests (``"/users"`` also matches
         ``/usersreplace``). A faulted request never reaches its handler, so membership is
@@ -703,7 +716,7 @@ class MetaSandbox(LoopbackSandbox[RecordedRequest]):
         if times < 1:
             raise ValueError("times must be at least 1")
         with self._graph.lock:
-            self._graph.faults.extend([(fault, path_contains)] * times)
+            self._graph.faults.extend([(fault, path_contains, method)] * times)
 
     def clear_faults(self) -> None:
         """Forget injected faults, refused values, usage and throttling, and go back to the
