@@ -205,8 +205,12 @@ def create_events(
 
 
 def run_spans(instance: dg.DagsterInstance, asset_key: dg.AssetKey, since: datetime):
-    """tenant -> [(run start, materialization), ...] of `asset_key` since `since`, by end."""
-    records = []
+    """tenant -> [(run start, materialization), ...] of `asset_key` since `since`, by end.
+
+    Of each page only (tenant, run, time) is kept: a push over a range of tenants gives each
+    tenant's materialization the run's whole metadata table, so the records themselves,
+    re-read every slice, would grow the bench's own memory with every push."""
+    records: list[tuple[str, str, float]] = []
     cursor = None
     while True:
         page = instance.fetch_materializations(
@@ -214,11 +218,15 @@ def run_spans(instance: dg.DagsterInstance, asset_key: dg.AssetKey, since: datet
             limit=RECORDS_PER_PAGE,
             cursor=cursor,
         )
-        records += page.records
+        records += [
+            (record.partition_key, record.run_id, record.timestamp)
+            for record in page.records
+            if record.partition_key
+        ]
         if not page.has_more:
             break
         cursor = page.cursor
-    run_ids = list({record.run_id for record in records})
+    run_ids = list({run_id for _, run_id, _ in records})
     if not run_ids:
         return {}
     starts = {
@@ -227,9 +235,9 @@ def run_spans(instance: dg.DagsterInstance, asset_key: dg.AssetKey, since: datet
         if run.start_time is not None
     }
     spans: dict[str, list[tuple[float, float]]] = defaultdict(list)
-    for record in records:
-        if record.partition_key and record.run_id in starts:
-            spans[record.partition_key].append((starts[record.run_id], record.timestamp))
+    for tenant_id, run_id, timestamp in records:
+        if run_id in starts:
+            spans[tenant_id].append((starts[run_id], timestamp))
     return {
         tenant_id: sorted(found, key=lambda span: span[1]) for tenant_id, found in spans.items()
     }

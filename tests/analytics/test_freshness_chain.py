@@ -33,7 +33,13 @@ from cdp_assets.vtex.feed import FeedSettings, turn_feed_on
 from cdp_assets.vtex.jobs import FEED_SYNC_JOB
 from cdp_assets.vtex.sensors import vtex_orders_feed_sensor
 from cdp_assets.vtex.sync import ORDERS
-from cdp_devkit.bench.freshness import Event, at_platform, job_load, observe_landings
+from cdp_devkit.bench.freshness import (
+    Event,
+    at_platform,
+    job_load,
+    observe_landings,
+    run_spans,
+)
 from cdp_devkit.sandbox import MetaSandbox, SandboxProcess
 
 STORES = {
@@ -165,6 +171,7 @@ def meta_members(meta: MetaSandbox) -> set[str]:
 
 def test_an_order_event_reaches_the_audience_and_meta_through_the_chain(chain, instance):
     sandbox, meta, conn = chain
+    started = datetime.now(UTC)
     order = instance.get_dynamic_partitions(tenants.name)
     before = members(conn, "chain_a")
     assert meta_members(meta) == reachable(conn, "chain_a")  # the initial push
@@ -202,6 +209,10 @@ def test_an_order_event_reaches_the_audience_and_meta_through_the_chain(chain, i
     # Pushed: nothing left to request.
     again, _ = tick(audience_changes_sensor, instance)
     assert not any("chain_a" in covered(p, order) for p in again)
+    # What the benchmark reads of it: one push of chain_a since the test started, its run's
+    # start before its materialization.
+    ((push_start, pushed),) = run_spans(instance, meta_custom_audiences.key, started)["chain_a"]
+    assert started.timestamp() <= push_start <= pushed
 
 
 def drained(instance: dg.DagsterInstance, tenant_id: str, rows_inserted: int) -> None:
