@@ -9,7 +9,6 @@ import hashlib
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
-from typing import Any
 
 import dagster as dg
 import psycopg
@@ -74,34 +73,47 @@ def asset_requests(
     tenant_rows: list[Tenant],
     partition_order: Sequence[str],
     run_key: Callable[[list[Tenant], dg.AssetKey], str],
+    changed_only: bool = False,
+    held: Mapping[dg.AssetKey, set[str]] | None = None,
 ) -> list[dg.RunRequest]:
     """One run per destination asset and block of neighbouring tenants that have one of its
     platforms in `platforms_of` (tenant -> platforms): the platforms' pushes run side by side
-    in the run queue, and a failure or re-execution of one leaves the others alone."""
-    return [
-        block_request(
-            block, f"{asset_key.to_user_string()}|{run_key(block, asset_key)}", [asset_key]
+    in the run queue, and a failure or re-execution of one leaves the others alone.
+
+    `changed_only`: a block stretches from its first such tenant to its last, those between
+    included, and its run pushes only the audiences that changed (one run for changes spread
+    over many tenants, not one per stretch of changed neighbours). A tenant in `held`
+    (asset -> tenants) ends a block, as an inactive one or one without a partition does."""
+    requests = []
+    for asset_key in sorted(set(ASSET_BY_PLATFORM.values())):
+        free = [t for t in tenant_rows if t.tenant_id not in (held or {}).get(asset_key, set())]
+        concerned = [
+            tenant
+            for tenant in free
+            if any(
+                ASSET_BY_PLATFORM[p] == asset_key for p in platforms_of.get(tenant.tenant_id, ())
+            )
+        ]
+        blocks = (
+            spanning_blocks(partition_order, free, {t.tenant_id for t in concerned})
+            if changed_only
+            else tenant_blocks(partition_order, concerned)
         )
-        for asset_key in sorted(set(ASSET_BY_PLATFORM.values()))
-        for block in tenant_blocks(
-            partition_order, _concerned(platforms_of, tenant_rows, asset_key)
+        run_config = (
+            {"ops": {asset_key.to_python_identifier(): {"config": {"changed_only": True}}}}
+            if changed_only
+            else None
         )
-    ]
-
-
-def _concerned(
-    platforms_of: Mapping[str, Iterable[str]], tenant_rows: list[Tenant], asset_key: dg.AssetKey
-) -> list[Tenant]:
-    return [
-        tenant
-        for tenant in tenant_rows
-        if any(ASSET_BY_PLATFORM[p] == asset_key for p in platforms_of.get(tenant.tenant_id, ()))
-    ]
-
-
-def _only_changes(asset_key: dg.AssetKey) -> dict[str, Any]:
-    """The run config of a push of only the changed audiences (ActivationConfig.changed_only)."""
-    return {"ops": {asset_key.to_python_identifier(): {"config": {"changed_only": True}}}}
+        requests += [
+            block_request(
+                block,
+                f"{asset_key.to_user_string()}|{run_key(block, asset_key)}",
+                [asset_key],
+                run_config,
+            )
+            for block in blocks
+        ]
+    return requests
 
 
 def pushes_only_changes(run: dg.DagsterRun) -> bool:
@@ -118,12 +130,9 @@ def change_requests(
     partition_order: Sequence[str],
     held: Mapping[dg.AssetKey, set[str]] | None = None,
 ) -> list[dg.RunRequest]:
-    """One run per destination asset and stretch of tenants between the first and the last
-    with changes on its platforms, those between included: the run pushes only the audiences
-    that changed (one run for changes spread over many tenants, not one per stretch of changed
-    neighbours). A tenant in `held` (asset -> tenants) or without a partition ends a stretch,
-    as an inactive one does. The run key is a digest of the stretch's new memberships there:
-    the same change never launches twice."""
+    """`asset_requests` of only the changed audiences, over stretches of tenants. The run key
+    is a digest of the stretch's new memberships on the asset's platforms: the same change
+    never launches twice."""
 
     def digest(block: list[Tenant], asset_key: dg.AssetKey) -> str:
         return hashlib.md5(
@@ -138,20 +147,9 @@ def change_requests(
             ).encode()
         ).hexdigest()
 
-    requests = []
-    for asset_key in sorted(set(ASSET_BY_PLATFORM.values())):
-        free = [t for t in tenant_rows if t.tenant_id not in (held or {}).get(asset_key, set())]
-        concerned = {t.tenant_id for t in _concerned(changed, free, asset_key)}
-        requests += [
-            block_request(
-                block,
-                f"{asset_key.to_user_string()}|{digest(block, asset_key)}",
-                [asset_key],
-                _only_changes(asset_key),
-            )
-            for block in spanning_blocks(partition_order, free, concerned)
-        ]
-    return requests
+    return asset_requests(
+        changed, tenant_rows, partition_order, digest, changed_only=True, held=held
+    )
 
 
 def cadence_requests(

@@ -20,9 +20,8 @@ from cdp_assets.activation.push_requests import (
     pushes_only_changes,
     verdict_requests,
 )
-from cdp_assets.analytics.jobs import QUEUED, STARTED
 from cdp_assets.lib.warehouse import WarehouseResource
-from cdp_assets.tenants.runs import run_tenants_of, tenants_with_partitions
+from cdp_assets.tenants.runs import run_tenants_of, runs_in_flight, tenants_with_partitions
 
 
 @dg.sensor(
@@ -64,10 +63,7 @@ def pushes_in_flight(
       queued one reads the members when it starts (the change is in it), a running one is
       followed by a push of changes once it ends; no two runs push one tenant at once."""
     held: dict[dg.AssetKey, set[str]] = defaultdict(set)
-    runs = instance.get_runs(
-        filters=dg.RunsFilter(job_name=activation_push.name, statuses=[*QUEUED, *STARTED])
-    )
-    for run in runs:
+    for run in runs_in_flight(instance, activation_push.name):
         tenants = (
             set(partition_order)
             if pushes_only_changes(run)

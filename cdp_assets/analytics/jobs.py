@@ -17,7 +17,7 @@ from cdp_assets.analytics.assets import (
 from cdp_assets.analytics.automation import REFRESHES_WHAT_FOLLOWS
 from cdp_assets.lib.run_bounds import run_bound
 from cdp_assets.partitions import RANGE_END_TAG, RANGE_START_TAG, TENANT_PARTITIONS, tenants
-from cdp_assets.tenants.runs import run_tenants_of
+from cdp_assets.tenants.runs import QUEUED, run_tenants_of, runs_in_flight
 
 ANALYTICS_JOB = "analytics_tenant_refresh"
 CHANGES_JOB = "tenant_changes_refresh"
@@ -75,27 +75,16 @@ audiences_refresh = _tenant_job(
     refreshes_what_follows=True,
 )
 
-QUEUED = (dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED)
-STARTED = (dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED)
-
 
 def tenants_in_flight(
-    instance: dg.DagsterInstance,
-    job_names: Sequence[str],
-    partition_order: Sequence[str],
-    asset_key: dg.AssetKey | None = None,
+    instance: dg.DagsterInstance, job_name: str, partition_order: Sequence[str]
 ) -> tuple[set[str], set[str]]:
-    """(tenants with a run of `job_names` queued, tenants with one started), of runs that
-    plan `asset_key` when given. A queued run reads what landed before it starts: it absorbs
-    new changes; a started one may have read its inputs already."""
-    runs = instance.get_runs(filters=dg.RunsFilter(job_name=None, statuses=[*QUEUED, *STARTED]))
+    """(tenants with a run of `job_name` queued, tenants with one started). A queued run reads
+    what landed before it starts: it absorbs new changes; a started one may have read its
+    inputs already."""
     queued: set[str] = set()
     started: set[str] = set()
-    for run in runs:
-        if run.job_name not in job_names:
-            continue
-        if asset_key is not None and run.asset_selection and asset_key not in run.asset_selection:
-            continue
+    for run in runs_in_flight(instance, job_name):
         (queued if run.status in QUEUED else started).update(run_tenants_of(run, partition_order))
     return queued, started
 

@@ -44,7 +44,7 @@ def feed_changes_sensor(
     changes = FeedChanges.parse(context.cursor)
     read_landings(context.instance, changes)
     tenant_rows, order = tenants_with_partitions(context, warehouse)
-    queued, started = tenants_in_flight(context.instance, [CHANGES_JOB], order)
+    queued, started = tenants_in_flight(context.instance, CHANGES_JOB, order)
     due, waiting = due_tenants(changes.pending, queued, started)
     requests = changes_requests(due, tenant_rows, order, f"landed-{changes.after_storage_id}")
     changes.pending = waiting

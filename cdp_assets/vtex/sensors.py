@@ -12,7 +12,7 @@ import dagster as dg
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.partitions import TENANT_PARTITIONS
 from cdp_assets.tenants.registry import Tenant
-from cdp_assets.tenants.runs import block_request, run_tenants_of, tenant_blocks
+from cdp_assets.tenants.runs import block_request, run_tenants_of, runs_in_flight, tenant_blocks
 from cdp_assets.vtex.feed import FeedState, enabled_feeds
 from cdp_assets.vtex.jobs import FEED_SYNC_JOB, vtex_orders_feed_sync
 
@@ -20,12 +20,6 @@ from cdp_assets.vtex.jobs import FEED_SYNC_JOB, vtex_orders_feed_sync
 # first order after a quiet spell waits up to this long, within the minutes an order takes
 # to reach the ad platforms; the drains of neighbouring tenants share a run.
 IDLE_POLL = timedelta(minutes=2)
-IN_FLIGHT = [
-    dg.DagsterRunStatus.QUEUED,
-    dg.DagsterRunStatus.NOT_STARTED,
-    dg.DagsterRunStatus.STARTING,
-    dg.DagsterRunStatus.STARTED,
-]
 
 
 def due_feeds(
@@ -49,7 +43,7 @@ def due_feeds(
 
 def feed_runs_in_flight(instance: dg.DagsterInstance, partition_order: Sequence[str]) -> set[str]:
     """Tenants with a drain run queued or running (alone or in a block)."""
-    runs = instance.get_runs(filters=dg.RunsFilter(job_name=FEED_SYNC_JOB, statuses=IN_FLIGHT))
+    runs = runs_in_flight(instance, FEED_SYNC_JOB)
     return set().union(*(run_tenants_of(run, partition_order) for run in runs))
 
 
