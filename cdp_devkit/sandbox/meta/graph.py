@@ -452,8 +452,10 @@ class _Graph:
                 if url_bytes > MAX_URL_BYTES:
                     reply = _Reply(414, _URI_TOO_LONG, _HTML)
                 else:
-                    # Graph takes a `method` parameter for the verb (a removal is a POST
-                    # with method=DELETE): a fault meant for one verb matches it too.
+                    # Graph takes a `method` parameter for the verb: a removal is DELETE
+                    # /{id}/users or the same POST with method=DELETE (https://developers.
+                    # facebook.com/docs/marketing-api/audiences/guides/custom-audiences
+                    # #remove). A fault meant for one verb matches either form.
                     verb = str({**query, **form}.get("method", method)).upper()
                     fault = self._take_fault(path, verb)
                     if fault == "bad_gateway_html":
