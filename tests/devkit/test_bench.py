@@ -250,12 +250,15 @@ def test_masterdata_writes_every_tenants_fields_within_the_budget_then_nothing(s
 
 def test_targets_are_judged_and_seed_targets_marked_not_applicable(small):
     targets = {row["target"]: row for row in small[0]["targets"]}
-    assert len(targets) == 9
-    # The freshness stage runs at seed only.
-    freshness = targets["Order event to the Meta audience, p95 (freshness)"]
-    assert not freshness["applies"] and freshness["met"] is None
-    assert not targets["Daily increment end to end"]["applies"]
-    assert targets["Daily increment end to end"]["met"] is None
+    assert len(targets) == 10
+    # The freshness stage runs at seed only; the increment's targets are seed's and large's.
+    for name in (
+        "Order event to the Meta audience, p95 (freshness)",
+        "Daily increment at seed, feed included (12,000 orders)",
+        "Daily increment at large, feed included (60,000 orders over 5M)",
+    ):
+        assert not targets[name]["applies"] and targets[name]["met"] is None
+    assert "n/a (large target)" in small[1].joinpath("summary.md").read_text()
     assert targets["Write path vs plain COPY"]["met"] in (True, False)
     assert targets["Peak RSS of a run process (run worker or its dbt)"]["met"] in (True, False)
 
