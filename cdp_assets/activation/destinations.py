@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -117,6 +118,33 @@ class DestinationAudience:
     platform_audience_id: str | None
     # The membership signature stored by its last completed sync (None: never completed).
     synced_signature: str | None = None
+    # Failed syncs since the last completed one (or the last reset), the latest ended then.
+    failures_in_a_row: int = 0
+    last_failed_at: datetime | None = None
+
+    def resting_until(self, now: datetime) -> datetime | None:
+        """While its syncs keep failing, when its changes may be pushed again; None: now."""
+        return resting_until(self.failures_in_a_row, self.last_failed_at, now)
+
+
+# After a failed sync, pushes of changes leave the destination audience alone this long, twice
+# as long after each further failure in a row, up to LONGEST_REST: a destination that keeps
+# failing is tried (and alerts) a few times a day, not after every refresh that changed its
+# members. The 48-hour push and a push started by hand try it whatever.
+FIRST_REST = timedelta(minutes=15)
+LONGEST_REST = timedelta(hours=12)
+
+
+def resting_until(
+    failures_in_a_row: int, last_failed_at: datetime | None, now: datetime
+) -> datetime | None:
+    """When changes may be pushed again to a destination audience whose syncs failed
+    `failures_in_a_row` times in a row, the last ending at `last_failed_at`; None: at `now`."""
+    if failures_in_a_row <= 0 or last_failed_at is None:
+        return None
+    doublings = min(failures_in_a_row - 1, 16)  # past the cap long before; no overflow
+    until = last_failed_at + min(FIRST_REST * 2**doublings, LONGEST_REST)
+    return until if until > now else None
 
 
 _COLUMNS = (
@@ -184,7 +212,8 @@ def destination_audiences(
     prefixed = ", ".join(f"d.{name.strip()}" for name in _COLUMNS.split(","))
     rows = conn.execute(
         f"""
-        SELECT {prefixed}, a.audience, a.params, a.platform_audience_id, a.synced_signature
+        SELECT {prefixed}, a.audience, a.params, a.platform_audience_id, a.synced_signature,
+               a.failures_in_a_row, a.last_failed_at
         FROM cdp.destinations d
         JOIN cdp.destination_audiences a USING (destination_id)
         WHERE d.tenant_id = %s AND d.platform = ANY(%s) AND d.active AND a.active
@@ -251,7 +280,8 @@ def forget_platform_state(
 ) -> list[ForgottenAudience]:
     """Forget what the platform held for an audience of the destination (every audience when
     `audience` is None): its id there, the members it confirmed and the membership signature
-    last synced. The next sync creates the audience anew and sends every member. Not
+    last synced, and its failures in a row (a reset is the operator's fix: changes are pushed
+    again at once). The next sync creates the audience anew and sends every member. Not
     committed: the caller's transaction decides."""
     rows = conn.execute(
         """
@@ -266,7 +296,8 @@ def forget_platform_state(
             RETURNING m.audience
         ), cleared AS (
             UPDATE cdp.destination_audiences a
-               SET platform_audience_id = NULL, synced_signature = NULL
+               SET platform_audience_id = NULL, synced_signature = NULL,
+                   failures_in_a_row = 0, last_failed_at = NULL
             FROM forgotten f
             WHERE a.destination_id = %(destination_id)s AND a.audience = f.audience
         )

@@ -8,12 +8,13 @@ from __future__ import annotations
 import hashlib
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 
 import dagster as dg
 import psycopg
 
 from cdp_assets.activation.audiences import audience_signatures, audience_views
+from cdp_assets.activation.destinations import resting_until
 from cdp_assets.activation.google.assets import google_customer_match
 from cdp_assets.activation.meta.assets import meta_custom_audiences
 from cdp_assets.activation.vtex_collections.assets import vtex_product_collections
@@ -31,22 +32,32 @@ ASSET_BY_PLATFORM = {
 }
 
 
-def changed_audiences(conn: psycopg.Connection) -> dict[str, dict[str, set[str]]]:
+def changed_audiences(
+    conn: psycopg.Connection, now: datetime | None = None
+) -> dict[str, dict[str, set[str]]]:
     """tenant -> platform -> signatures of the audiences whose membership changed since
-    their last completed sync, over active ad destinations of active tenants.
+    their last completed sync, over active ad destinations of active tenants; but those
+    whose syncs keep failing, while they rest after the last failure
+    (`destinations.resting_until`).
 
     A signature carries the platform's id of the audience as well: once a failed push's
     audience is forgotten (`cdp destinations reset`, or a deleted audience being created
     anew), the same membership is a new request, not the failed run's spent run key."""
-    rows = conn.execute(
-        """
-        SELECT d.tenant_id, d.platform, a.audience, a.synced_signature, a.platform_audience_id
-        FROM cdp.destinations d
-        JOIN cdp.destination_audiences a USING (destination_id)
-        JOIN cdp.tenants t USING (tenant_id)
-        WHERE d.active AND a.active AND t.active AND d.platform <> 'vtex_collections'
-        """
-    ).fetchall()
+    now = now or datetime.now(UTC)
+    rows = [
+        row[:5]
+        for row in conn.execute(
+            """
+            SELECT d.tenant_id, d.platform, a.audience, a.synced_signature,
+                   a.platform_audience_id, a.failures_in_a_row, a.last_failed_at
+            FROM cdp.destinations d
+            JOIN cdp.destination_audiences a USING (destination_id)
+            JOIN cdp.tenants t USING (tenant_id)
+            WHERE d.active AND a.active AND t.active AND d.platform <> 'vtex_collections'
+            """
+        )
+        if resting_until(row[5], row[6], now) is None
+    ]
     views = audience_views(conn)
     tenants_of: dict[str, set[str]] = defaultdict(set)
     for tenant_id, _, audience, _, _ in rows:

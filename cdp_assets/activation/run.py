@@ -17,6 +17,7 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
 
 import dagster as dg
 import psycopg
@@ -63,8 +64,9 @@ class ActivationConfig(dg.Config):
     """Only these destination ids (default: every active destination of the tenant)."""
     changed_only: bool = False
     """Only the audiences whose membership changed since their last completed sync (what the
-    audience-change sensor requests: its run covers a range of tenants, some unchanged).
-    Destinations without a membership signature (VTEX's) sync everything all the same."""
+    audience-change sensor requests: its run covers a range of tenants, some unchanged), but
+    those resting after failed syncs (`destinations.resting_until`). Destinations without a
+    membership signature (VTEX's) sync everything all the same."""
 
 
 OUTCOME_COLUMNS = [
@@ -281,16 +283,27 @@ def _without_jit(conn: psycopg.Connection) -> psycopg.Connection:
 
 def _changed(
     conn: psycopg.Connection, targets: list[DestinationAudience], adapter: DestinationAdapter
-) -> tuple[list[DestinationAudience], int]:
+) -> tuple[list[DestinationAudience], int, list[str]]:
     """The targets whose membership signature differs from the one their last completed sync
-    stored (or that have none), and how many were left out."""
-    changed = [
-        target
-        for target in targets
-        if (signature := adapter.signature(conn, target)) is None
-        or signature != target.synced_signature
-    ]
-    return changed, len(targets) - len(changed)
+    stored (or that have none), but those resting after failed syncs; how many were left out
+    as already synced, and a line for each resting one."""
+    now = datetime.now(UTC)
+    changed: list[DestinationAudience] = []
+    resting: list[str] = []
+    already_synced = 0
+    for target in targets:
+        signature = adapter.signature(conn, target)
+        if signature is not None and signature == target.synced_signature:
+            already_synced += 1
+        elif (until := target.resting_until(now)) is not None:
+            resting.append(
+                f"{target.destination.destination_id}/{target.audience}: failed"
+                f" {target.failures_in_a_row} times in a row; its changes wait until"
+                f" {until:%Y-%m-%d %H:%M} UTC (or the 48-hour push, or `cdp destinations reset`)"
+            )
+        else:
+            changed.append(target)
+    return changed, already_synced, resting
 
 
 def activate(
@@ -312,8 +325,9 @@ def activate(
             for target in destination_audiences(conn, tenant_id, platforms)
             if not config.destinations or target.destination.destination_id in config.destinations
         ]
+        resting: list[str] = []
         if config.changed_only:
-            targets, already_synced = _changed(conn, targets, adapter)
+            targets, already_synced, resting = _changed(conn, targets, adapter)
         gate_refusals = clv_gate_refusals(
             conn,
             {t.destination.tenant_id for t in targets if requires_clv_quality(t.params)},
@@ -323,6 +337,8 @@ def activate(
         context.log.info(
             f"{already_synced} destination audiences unchanged since their last sync: not pushed"
         )
+    for line in resting:
+        context.log.warning(line)
     if abandoned:
         context.log.warning(
             f"{abandoned} syncs were left running by runs that ended before them: closed as"
@@ -374,6 +390,7 @@ def activate(
     metadata["sync_state_analyzed"] = dg.MetadataValue.bool(analyzed)
     if config.changed_only:
         metadata["audiences_already_synced"] = dg.MetadataValue.int(already_synced)
+        metadata["audiences_resting"] = dg.MetadataValue.int(len(resting))
     if any(o.status == "failed" for o in outcomes):
         # The platforms already retried transient errors with backoff inside this run, and
         # state is kept per confirmed batch: what failed here is left to the next trigger

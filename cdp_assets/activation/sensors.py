@@ -33,7 +33,8 @@ from cdp_assets.tenants.runs import run_tenants_of, runs_in_flight, tenants_with
     " its platforms, pushing only what changed. None while a push of changes to that asset is"
     " queued or running (the next one covers everything changed meanwhile), and none for a"
     " tenant that the 48-hour push or a verdict poll is pushing. The same change never"
-    " launches twice.",
+    " launches twice, and an audience whose last syncs failed rests before it is tried again"
+    " (15 minutes after a failure, doubling with each further one up to 12 hours).",
 )
 def audience_changes_sensor(
     context: dg.SensorEvaluationContext, warehouse: WarehouseResource

@@ -464,6 +464,8 @@ def refresh_state_statistics(conn: psycopg.Connection, changed: int) -> bool:
 
 
 def _finish_run(conn: psycopg.Connection, run: int, outcome: SyncOutcome) -> None:
+    """The sync's history row, and its audience's failures in a row: one more on a failure,
+    none once a sync completes (`destinations.resting_until`)."""
     conn.execute(
         """
         UPDATE cdp.activation_runs SET status = %s, reason = %s, desired = %s, unmatchable = %s,
@@ -486,6 +488,20 @@ def _finish_run(conn: psycopg.Connection, run: int, outcome: SyncOutcome) -> Non
             run,
         ),
     )
+    if outcome.status in ("failed", "synced"):
+        conn.execute(
+            """
+            UPDATE cdp.destination_audiences
+               SET failures_in_a_row = CASE WHEN %(failed)s THEN failures_in_a_row + 1 ELSE 0 END,
+                   last_failed_at = CASE WHEN %(failed)s THEN now() ELSE last_failed_at END
+             WHERE destination_id = %(destination_id)s AND audience = %(audience)s
+            """,
+            {
+                "failed": outcome.status == "failed",
+                "destination_id": outcome.destination_id,
+                "audience": outcome.audience,
+            },
+        )
     conn.commit()
 
 

@@ -521,6 +521,13 @@ def test_a_sync_that_fails_half_way_is_pushed_again_even_once_its_members_are_ba
         assert not push(instance, url, sandbox, "meta_half", changed_only=True).success
         assert member_keys(sandbox, "meta_half") == matchable("meta_half", range(100, 200))
         set_members(conn, "meta_half", range(200))
+        # After its rest (a failed sync holds its changes back a while), it is pushed.
+        assert "meta_half" not in changed_audiences(conn)
+        conn.execute(
+            "UPDATE cdp.destination_audiences SET last_failed_at = now() - interval '1 hour'"
+            " WHERE destination_id = 'meta_half_meta'"
+        )
+        conn.commit()
         assert "meta_half" in changed_audiences(conn)
     assert push(instance, url, sandbox, "meta_half", changed_only=True).success
     assert member_keys(sandbox, "meta_half") == matchable("meta_half", range(200))

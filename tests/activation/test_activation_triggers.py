@@ -15,6 +15,7 @@ from support.activation import (
     AUDIENCE,
     activation_warehouse,
     add_tenant_with_customers,
+    push,
     register_destination,
     runs,
     set_members,
@@ -189,8 +190,8 @@ def test_schedule_runs_the_assets_of_each_tenants_destinations(instance, url) ->
 
 def test_after_a_reset_the_sensor_pushes_the_same_membership_again(instance, url) -> None:
     """A run that failed on a deleted audience is not launched again for the same membership
-    (its run key is spent); once the operator resets the destination, the sensor's request
-    is a new one."""
+    (its run key is spent, and the audience rests after the failure); once the operator
+    resets the destination, the sensor's request is a new one."""
     with psycopg.connect(url) as conn:
         add_tenant_with_customers(conn, "trig_gone", 300)
         set_members(conn, "trig_gone", range(200))
@@ -237,9 +238,12 @@ def test_after_a_reset_the_sensor_pushes_the_same_membership_again(instance, url
                 if r.partition_key == "trig_gone"
             ]
             assert not push().success
+            # It rests after the failure; once the rest is over, its request is the same.
+            assert not change_requests(changed_audiences(conn), rows, order)
+            later = datetime.now(UTC) + timedelta(minutes=16)
             (again,) = [
                 r
-                for r in change_requests(changed_audiences(conn), rows, order)
+                for r in change_requests(changed_audiences(conn, later), rows, order)
                 if r.partition_key == "trig_gone"
             ]
             assert again.run_key == failing.run_key
@@ -316,3 +320,87 @@ def test_a_change_push_over_a_span_of_tenants_syncs_only_the_changed_audiences(
                 "trig_b_meta": before["trig_b_meta"] + 1,
             }
             assert changed_audiences(conn) == {}
+
+
+def test_a_destination_audience_that_keeps_failing_rests_between_pushes_of_changes(
+    instance, url
+) -> None:
+    """Each refresh changes an audience's members; a destination that keeps failing (here, its
+    token missing from the environment) must not fail, and alert, once per refresh. After a
+    failure its changes rest 15 minutes, twice as long after each further failure in a row;
+    a push of changes over its tenant skips it meanwhile. A reset ends the rest, and a
+    completed sync clears the count."""
+    tenant, destination = "trig_rest", "trig_rest_meta"
+    with psycopg.connect(url) as conn:
+        add_tenant_with_customers(conn, tenant, 300)
+        set_members(conn, tenant, range(200))
+        register_destination(
+            conn,
+            Destination(
+                destination, tenant, "meta", "55", credential_refs={"access_token": "TRIG_REST"}
+            ),
+        )
+        os.environ.pop("TRIG_REST", None)
+        with MetaSandbox({"trigger-token": ["55"]}) as meta:
+            resources = {
+                "warehouse": WarehouseResource(url=url),
+                "meta": MetaResource(graph_url=meta.graph_url),
+            }
+
+            def push_changes() -> dg.ExecuteInProcessResult:
+                return push(
+                    meta_custom_audiences, instance, tenant, resources, {"changed_only": True}
+                )
+
+            def failing() -> tuple[int, datetime | None]:
+                row = conn.execute(
+                    "SELECT failures_in_a_row, last_failed_at FROM cdp.destination_audiences"
+                    " WHERE destination_id = %s",
+                    (destination,),
+                ).fetchone()
+                conn.commit()
+                assert row is not None
+                return row
+
+            def changed_in(minutes: float) -> bool:
+                later = datetime.now(UTC) + timedelta(minutes=minutes)
+                return tenant in changed_audiences(conn, later)
+
+            assert changed_in(0)
+            assert not push_changes().success
+            count, failed_at = failing()
+            assert count == 1 and failed_at is not None
+            set_members(conn, tenant, range(10, 210))
+            assert not changed_in(0) and not changed_in(14) and changed_in(16)
+
+            # A push of changes reaching the tenant meanwhile leaves the audience alone.
+            tried = len(runs(conn, destination))
+            resting = push_changes()
+            assert resting.success
+            (materialization,) = resting.asset_materializations_for_node("meta_custom_audiences")
+            assert materialization.metadata["audiences_resting"].value == 1
+            assert len(runs(conn, destination)) == tried
+
+            # Once the rest is over, it is tried again; a second failure rests twice as long.
+            conn.execute(
+                "UPDATE cdp.destination_audiences"
+                " SET last_failed_at = last_failed_at - interval '16 minutes'"
+                " WHERE destination_id = %s",
+                (destination,),
+            )
+            conn.commit()
+            assert changed_in(0)
+            assert not push_changes().success
+            assert failing()[0] == 2
+            assert not changed_in(29) and changed_in(31)
+
+            # The operator fixes the token and resets: pushed at once, and the count cleared.
+            os.environ["TRIG_REST"] = "trigger-token"
+            reset = CliRunner().invoke(
+                destinations, ["reset", destination], env={"DATABASE_URL": url}
+            )
+            assert reset.exit_code == 0, reset.output
+            assert failing() == (0, None)
+            assert changed_in(0)
+            assert push_changes().success
+            assert failing()[0] == 0 and not changed_in(0)
