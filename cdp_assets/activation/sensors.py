@@ -4,9 +4,10 @@ verdicts of its audience's pending requests)."""
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import dagster as dg
 
@@ -21,7 +22,12 @@ from cdp_assets.activation.push_requests import (
     verdict_requests,
 )
 from cdp_assets.lib.warehouse import WarehouseResource
-from cdp_assets.tenants.runs import run_tenants_of, runs_in_flight, tenants_with_partitions
+from cdp_assets.tenants.runs import (
+    QUEUED,
+    run_tenants_of,
+    runs_in_flight,
+    tenants_with_partitions,
+)
 
 
 @dg.sensor(
@@ -60,19 +66,36 @@ def pushes_in_flight(
       audience changes is then one push per asset, requested once that push ends, over every
       tenant changed meanwhile. Splitting around the tenants in flight instead made a dozen
       runs of each refresh of every tenant, and filled the run queue.
-    - Else the tenants of its other pushes in flight (the 48-hour push, a verdict poll): a
-      queued one reads the members when it starts (the change is in it), a running one is
-      followed by a push of changes once it ends; no two runs push one tenant at once."""
+    - Else the tenants of its other pushes in flight (the 48-hour push, a verdict poll, a push
+      of changes running for over CHANGES_PUSH_HOLDS_ALL): a queued one reads the members when
+      it starts (the change is in it), a running one is followed by a push of changes once it
+      ends; no two runs push one tenant at once."""
     held: dict[dg.AssetKey, set[str]] = defaultdict(set)
+    now = time.time()
     for run in runs_in_flight(instance, activation_push.name):
         tenants = (
             set(partition_order)
-            if pushes_only_changes(run)
+            if pushes_only_changes(run) and not _running_long(instance, run, now)
             else run_tenants_of(run, partition_order)
         )
         for asset_key in run.asset_selection or set(ASSET_BY_PLATFORM.values()):
             held[asset_key] |= tenants
     return held
+
+
+# A push of changes takes seconds to a minute at 41 tenants. One running longer holds only its
+# own tenants: stuck (a platform call hung, its process gone unnoticed), it would otherwise
+# hold every tenant's changes until run monitoring ends it (the push's bound: 2 hours).
+CHANGES_PUSH_HOLDS_ALL = timedelta(minutes=15)
+
+
+def _running_long(instance: dg.DagsterInstance, run: dg.DagsterRun, now: float) -> bool:
+    """Whether the run started over CHANGES_PUSH_HOLDS_ALL before `now` (epoch seconds)."""
+    if run.status in QUEUED:
+        return False
+    record = instance.get_run_record_by_id(run.run_id)
+    started = record.start_time if record else None
+    return started is not None and now - started > CHANGES_PUSH_HOLDS_ALL.total_seconds()
 
 
 @dg.sensor(

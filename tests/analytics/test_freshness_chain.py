@@ -296,7 +296,10 @@ def test_a_push_queued_or_running_absorbs_further_audience_changes(chain, instan
     (request,) = meta_pushes_of_chain_a()
     assert pushes_only_changes(dg.DagsterRun(job_name="push", run_config=request.run_config))
 
-    def in_flight(status: dg.DagsterRunStatus, tenant_id: str, asset: dg.AssetKey, config) -> str:
+    def in_flight(
+        status: dg.DagsterRunStatus, tenant_id: str, asset: dg.AssetKey, config, minutes: float
+    ) -> str:
+        """A push in the run storage, started `minutes` ago when it has started."""
         run_id = str(uuid.uuid4())
         instance.add_run(
             dg.DagsterRun(
@@ -308,6 +311,12 @@ def test_a_push_queued_or_running_absorbs_further_audience_changes(chain, instan
                 run_config=config,
             )
         )
+        if status == started:
+            conn.execute(
+                "UPDATE runs SET start_time = extract(epoch FROM now()) - %s WHERE run_id = %s",
+                (minutes * 60, run_id),
+            )
+            conn.commit()
         return run_id
 
     queued, started = dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTED
@@ -315,19 +324,22 @@ def test_a_push_queued_or_running_absorbs_further_audience_changes(chain, instan
     cases = [
         # A push of changes to Meta queued or running, of any tenant: the next one waits for
         # it to end, then covers everything changed meanwhile.
-        (queued, "chain_b", meta, request.run_config, False),
-        (started, "chain_b", meta, request.run_config, False),
+        (queued, "chain_b", meta, request.run_config, 0, False),
+        (started, "chain_b", meta, request.run_config, 1, False),
+        # Running for over 15 minutes (stuck, likely), it holds only its own tenants.
+        (started, "chain_b", meta, request.run_config, 16, True),
+        (started, "chain_a", meta, request.run_config, 16, False),
         # The 48-hour push (or a verdict poll) holds only its own tenants.
-        (queued, "chain_a", meta, {}, False),
-        (started, "chain_a", meta, {}, False),
-        (started, "chain_b", meta, {}, True),
+        (queued, "chain_a", meta, {}, 0, False),
+        (started, "chain_a", meta, {}, 1, False),
+        (started, "chain_b", meta, {}, 1, True),
         # A push to another destination asset holds nothing of Meta's.
-        (started, "chain_a", google, {}, True),
+        (started, "chain_a", google, {}, 1, True),
     ]
-    for status, tenant_id, asset, config, requested in cases:
-        run_id = in_flight(status, tenant_id, asset, config)
+    for status, tenant_id, asset, config, minutes, requested in cases:
+        run_id = in_flight(status, tenant_id, asset, config, minutes)
         found = meta_pushes_of_chain_a()
-        assert bool(found) == requested, (status, tenant_id, asset, config)
+        assert bool(found) == requested, (status, tenant_id, asset, config, minutes)
         assert not any(tenant_id in covered(p, order) for p in found if asset == meta)
         instance.delete_run(run_id)
     assert meta_pushes_of_chain_a()
