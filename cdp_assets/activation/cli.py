@@ -67,14 +67,19 @@ def _require_destination(conn: psycopg.Connection, destination_id: str) -> None:
 
 @destinations.command("list")
 def destinations_list() -> None:
-    """Every destination with its audiences."""
+    """Every destination with its audiences; an audience whose last syncs failed says how many
+    in a row (its changes rest between attempts: `cdp destinations history` says why)."""
     with _connect() as conn:
         rows = conn.execute(
             """
             SELECT d.destination_id, d.tenant_id, d.platform, d.account_id, d.active, d.dry_run,
                    d.recreate_deleted_audiences, d.consent_policy,
-                   string_agg(a.audience || CASE WHEN a.active THEN '' ELSE ' (off)' END, ', '
-                              ORDER BY a.audience)
+                   string_agg(
+                       a.audience || CASE WHEN a.active THEN '' ELSE ' (off)' END
+                       || CASE WHEN a.failures_in_a_row > 0
+                               THEN ' (failed ' || a.failures_in_a_row || ' in a row)'
+                               ELSE '' END,
+                       ', ' ORDER BY a.audience)
             FROM cdp.destinations d LEFT JOIN cdp.destination_audiences a USING (destination_id)
             GROUP BY 1, 2, 3, 4, 5, 6, 7, 8 ORDER BY 2, 1
             """

@@ -393,6 +393,8 @@ def test_a_destination_audience_that_keeps_failing_rests_between_pushes_of_chang
             assert not push_changes().success
             assert failing()[0] == 2
             assert not changed_in(29) and changed_in(31)
+            listed = CliRunner().invoke(destinations, ["list"], env={"DATABASE_URL": url})
+            assert f"{AUDIENCE} (failed 2 in a row)" in listed.output
 
             # The operator fixes the token and resets: pushed at once, and the count cleared.
             os.environ["TRIG_REST"] = "trigger-token"
