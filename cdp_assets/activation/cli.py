@@ -16,6 +16,7 @@ from cdp_assets.activation.destinations import (
     add_audience,
     add_destination,
     destination_exists,
+    end_rest,
     forget_platform_state,
     get_destination,
 )
@@ -278,13 +279,15 @@ def destinations_check(destination_id: str) -> None:
 @click.option("--audience", default=None, help="Only this audience (default: every one).")
 def destinations_reset(destination_id: str, audience: str | None) -> None:
     """Forget the platform's audience and what it confirmed: the next run creates the
-    audience anew and sends every member (after one was deleted on the platform)."""
+    audience anew and sends every member (after one was deleted on the platform). Its
+    failures in a row are forgotten too (`cdp destinations retry`)."""
     if audience is not None:
         _require_slug(audience, "an audience")
     with _connect() as conn:
         _require_destination(conn, destination_id)
         forgotten = forget_platform_state(conn, destination_id, audience)
         abandon_requests(conn, destination_id, audience, "forgotten by cdp destinations reset")
+        end_rest(conn, destination_id, audience)
         if audience is not None and not forgotten:
             raise click.ClickException(
                 f"destination {destination_id!r} has no audience {audience!r}"
@@ -299,6 +302,27 @@ def destinations_reset(destination_id: str, audience: str | None) -> None:
         click.echo("the next run creates the audience again and sends every member")
     else:
         click.echo(f"destination {destination_id!r} has no audiences: nothing to forget")
+
+
+@destinations.command("retry")
+@click.argument("destination_id")
+@click.option("--audience", default=None, help="Only this audience (default: every one).")
+def destinations_retry(destination_id: str, audience: str | None) -> None:
+    """Once the cause of a destination's failed syncs is fixed (a token renewed, an account
+    reopened): forget its failures in a row, so that the sensors push its changes at once
+    instead of after the rest (`cdp destinations list` shows the failures). Nothing on the
+    platform is forgotten."""
+    if audience is not None:
+        _require_slug(audience, "an audience")
+    with _connect() as conn:
+        _require_destination(conn, destination_id)
+        ended = end_rest(conn, destination_id, audience)
+    click.echo(
+        f"{destination_id}: {ended} audiences that had failed; the audience-change sensor"
+        " pushes their changes at its next tick"
+        if ended
+        else f"{destination_id}: no audience of it had failed; nothing to do"
+    )
 
 
 @destinations.command("history")

@@ -275,13 +275,53 @@ class ForgottenAudience:
     confirmed_members: int
 
 
+@dataclass(frozen=True)
+class FailingAudience:
+    """An active destination audience whose last syncs failed."""
+
+    destination_id: str
+    tenant_id: str
+    audience: str
+    failures_in_a_row: int
+    last_failed_at: datetime
+
+
+def failing_audiences(conn: psycopg.Connection, tenant_ids: list[str]) -> list[FailingAudience]:
+    """The active audiences of these tenants' active destinations whose last syncs failed."""
+    rows = conn.execute(
+        """
+        SELECT d.destination_id, d.tenant_id, a.audience, a.failures_in_a_row, a.last_failed_at
+        FROM cdp.destinations d
+        JOIN cdp.destination_audiences a USING (destination_id)
+        WHERE d.tenant_id = ANY(%s) AND d.active AND a.active AND a.failures_in_a_row > 0
+          AND a.last_failed_at IS NOT NULL
+        ORDER BY d.tenant_id, d.destination_id, a.audience
+        """,
+        (tenant_ids,),
+    ).fetchall()
+    return [FailingAudience(*row) for row in rows]
+
+
+def end_rest(conn: psycopg.Connection, destination_id: str, audience: str | None = None) -> int:
+    """Forget the failures in a row of the destination's audiences (every one when `audience`
+    is None), so that the sensors push their changes at once; how many were resting or
+    failing. Not committed."""
+    return conn.execute(
+        """
+        UPDATE cdp.destination_audiences SET failures_in_a_row = 0, last_failed_at = NULL
+        WHERE destination_id = %s AND (%s::text IS NULL OR audience = %s)
+          AND failures_in_a_row > 0
+        """,
+        (destination_id, audience, audience),
+    ).rowcount
+
+
 def forget_platform_state(
     conn: psycopg.Connection, destination_id: str, audience: str | None = None
 ) -> list[ForgottenAudience]:
     """Forget what the platform held for an audience of the destination (every audience when
     `audience` is None): its id there, the members it confirmed and the membership signature
-    last synced, and its failures in a row (a reset is the operator's fix: changes are pushed
-    again at once). The next sync creates the audience anew and sends every member. Not
+    last synced. The next sync creates the audience anew and sends every member. Not
     committed: the caller's transaction decides."""
     rows = conn.execute(
         """
@@ -296,8 +336,7 @@ def forget_platform_state(
             RETURNING m.audience
         ), cleared AS (
             UPDATE cdp.destination_audiences a
-               SET platform_audience_id = NULL, synced_signature = NULL,
-                   failures_in_a_row = 0, last_failed_at = NULL
+               SET platform_audience_id = NULL, synced_signature = NULL
             FROM forgotten f
             WHERE a.destination_id = %(destination_id)s AND a.audience = f.audience
         )

@@ -180,18 +180,22 @@ def cadence_requests(
 
 def awaiting_verdicts(conn: psycopg.Connection) -> dict[str, set[str]]:
     """tenant -> platforms with requests still awaiting the platform's verdict, over active
-    destinations of active tenants."""
+    destinations of active tenants; but audiences resting after failed syncs
+    (`destinations.resting_until`), which a poll would not push."""
+    now = datetime.now(UTC)
     platforms_of: dict[str, set[str]] = defaultdict(set)
-    for tenant_id, platform in conn.execute(
+    for tenant_id, platform, failures, last_failed_at in conn.execute(
         """
-        SELECT DISTINCT d.tenant_id, d.platform
+        SELECT DISTINCT d.tenant_id, d.platform, a.failures_in_a_row, a.last_failed_at
         FROM cdp.destination_requests r
         JOIN cdp.destinations d USING (destination_id)
+        JOIN cdp.destination_audiences a USING (destination_id, audience)
         JOIN cdp.tenants t USING (tenant_id)
         WHERE r.status = 'pending' AND d.active AND t.active
         """
     ):
-        platforms_of[tenant_id].add(platform)
+        if resting_until(failures, last_failed_at, now) is None:
+            platforms_of[tenant_id].add(platform)
     return platforms_of
 
 

@@ -64,9 +64,8 @@ class ActivationConfig(dg.Config):
     """Only these destination ids (default: every active destination of the tenant)."""
     changed_only: bool = False
     """Only the audiences whose membership changed since their last completed sync (what the
-    audience-change sensor requests: its run covers a range of tenants, some unchanged), but
-    those resting after failed syncs (`destinations.resting_until`). Destinations without a
-    membership signature (VTEX's) sync everything all the same."""
+    audience-change sensor requests: its run covers a range of tenants, some unchanged).
+    Destinations without a membership signature (VTEX's) sync everything all the same."""
 
 
 OUTCOME_COLUMNS = [
@@ -283,27 +282,40 @@ def _without_jit(conn: psycopg.Connection) -> psycopg.Connection:
 
 def _changed(
     conn: psycopg.Connection, targets: list[DestinationAudience], adapter: DestinationAdapter
-) -> tuple[list[DestinationAudience], int, list[str]]:
+) -> tuple[list[DestinationAudience], int]:
     """The targets whose membership signature differs from the one their last completed sync
-    stored (or that have none), but those resting after failed syncs; how many were left out
-    as already synced, and a line for each resting one."""
+    stored (or that have none), and how many were left out."""
+    changed = [
+        target
+        for target in targets
+        if (signature := adapter.signature(conn, target)) is None
+        or signature != target.synced_signature
+    ]
+    return changed, len(targets) - len(changed)
+
+
+# Set by Dagster on the runs a sensor launches: the pushes of changes and the verdict polls.
+SENSOR_TAG = "dagster/sensor_name"
+
+
+def _awake(targets: list[DestinationAudience]) -> tuple[list[DestinationAudience], list[str]]:
+    """The targets but those resting after failed syncs (`destinations.resting_until`), and
+    a line for each of those."""
     now = datetime.now(UTC)
-    changed: list[DestinationAudience] = []
+    awake: list[DestinationAudience] = []
     resting: list[str] = []
-    already_synced = 0
     for target in targets:
-        signature = adapter.signature(conn, target)
-        if signature is not None and signature == target.synced_signature:
-            already_synced += 1
-        elif (until := target.resting_until(now)) is not None:
+        until = target.resting_until(now)
+        if until is None:
+            awake.append(target)
+        else:
             resting.append(
                 f"{target.destination.destination_id}/{target.audience}: failed"
-                f" {target.failures_in_a_row} times in a row; its changes wait until"
-                f" {until:%Y-%m-%d %H:%M} UTC (or the 48-hour push, or `cdp destinations reset`)"
+                f" {target.failures_in_a_row} times in a row; a sensor's push tries it again"
+                f" after {until.astimezone(UTC):%Y-%m-%d %H:%M} UTC (at once:"
+                f" `cdp destinations retry {target.destination.destination_id}`)"
             )
-        else:
-            changed.append(target)
-    return changed, already_synced, resting
+    return awake, resting
 
 
 def activate(
@@ -325,9 +337,13 @@ def activate(
             for target in destination_audiences(conn, tenant_id, platforms)
             if not config.destinations or target.destination.destination_id in config.destinations
         ]
-        resting: list[str] = []
         if config.changed_only:
-            targets, already_synced, resting = _changed(conn, targets, adapter)
+            targets, already_synced = _changed(conn, targets, adapter)
+        # A sensor's push leaves alone what keeps failing; the 48-hour push and a push
+        # started by hand try it whatever.
+        resting: list[str] = []
+        if SENSOR_TAG in context.run.tags:
+            targets, resting = _awake(targets)
         gate_refusals = clv_gate_refusals(
             conn,
             {t.destination.tenant_id for t in targets if requires_clv_quality(t.params)},
@@ -337,8 +353,14 @@ def activate(
         context.log.info(
             f"{already_synced} destination audiences unchanged since their last sync: not pushed"
         )
-    for line in resting:
-        context.log.warning(line)
+    if resting:
+        context.log.warning(
+            shortened(
+                f"{len(resting)} destination audiences rest after failed syncs, not pushed: "
+                + "; ".join(resting),
+                FAILURE_LENGTH,
+            )
+        )
     if abandoned:
         context.log.warning(
             f"{abandoned} syncs were left running by runs that ended before them: closed as"
@@ -390,6 +412,7 @@ def activate(
     metadata["sync_state_analyzed"] = dg.MetadataValue.bool(analyzed)
     if config.changed_only:
         metadata["audiences_already_synced"] = dg.MetadataValue.int(already_synced)
+    if SENSOR_TAG in context.run.tags:
         metadata["audiences_resting"] = dg.MetadataValue.int(len(resting))
     if any(o.status == "failed" for o in outcomes):
         # The platforms already retried transient errors with backoff inside this run, and

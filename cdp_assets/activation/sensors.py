@@ -37,10 +37,10 @@ from cdp_assets.tenants.runs import (
     description="Every 30 seconds, pushes the audiences whose membership changed since their last"
     " sync to Meta and Google: one run per destination asset over the tenants with a change on"
     " its platforms, pushing only what changed. None while a push of changes to that asset is"
-    " queued or running (the next one covers everything changed meanwhile), and none for a"
-    " tenant that the 48-hour push or a verdict poll is pushing. The same change never"
-    " launches twice, and an audience whose last syncs failed rests before it is tried again"
-    " (15 minutes after a failure, doubling with each further one up to 12 hours).",
+    " queued or running under 15 minutes (the next one covers everything changed meanwhile),"
+    " and none for a tenant that the 48-hour push or a verdict poll is pushing. The same"
+    " change never launches twice, and an audience whose last syncs failed rests before it is"
+    " tried again (15 minutes after a failure, doubling with each further one up to 12 hours).",
 )
 def audience_changes_sensor(
     context: dg.SensorEvaluationContext, warehouse: WarehouseResource

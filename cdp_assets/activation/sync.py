@@ -465,7 +465,8 @@ def refresh_state_statistics(conn: psycopg.Connection, changed: int) -> bool:
 
 def _finish_run(conn: psycopg.Connection, run: int, outcome: SyncOutcome) -> None:
     """The sync's history row, and its audience's failures in a row: one more on a failure,
-    none once a sync completes (`destinations.resting_until`)."""
+    none once a sync completes; a dry run's outcome counts for neither
+    (`destinations.resting_until`)."""
     conn.execute(
         """
         UPDATE cdp.activation_runs SET status = %s, reason = %s, desired = %s, unmatchable = %s,
@@ -491,15 +492,18 @@ def _finish_run(conn: psycopg.Connection, run: int, outcome: SyncOutcome) -> Non
     if outcome.status in ("failed", "synced"):
         conn.execute(
             """
-            UPDATE cdp.destination_audiences
-               SET failures_in_a_row = CASE WHEN %(failed)s THEN failures_in_a_row + 1 ELSE 0 END,
-                   last_failed_at = CASE WHEN %(failed)s THEN now() ELSE last_failed_at END
-             WHERE destination_id = %(destination_id)s AND audience = %(audience)s
+            UPDATE cdp.destination_audiences AS a
+               SET failures_in_a_row = CASE WHEN %(failed)s THEN a.failures_in_a_row + 1 ELSE 0 END,
+                   last_failed_at = CASE WHEN %(failed)s THEN now() ELSE a.last_failed_at END
+              FROM cdp.activation_runs AS r
+             WHERE a.destination_id = %(destination_id)s AND a.audience = %(audience)s
+               AND r.activation_run_id = %(run)s AND NOT r.dry_run
             """,
             {
                 "failed": outcome.status == "failed",
                 "destination_id": outcome.destination_id,
                 "audience": outcome.audience,
+                "run": run,
             },
         )
     conn.commit()

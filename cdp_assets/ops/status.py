@@ -28,6 +28,7 @@ from typing import Any
 import dagster as dg
 import psycopg
 
+from cdp_assets.activation.destinations import failing_audiences, resting_until
 from cdp_assets.activation.history import OpenActivationRun, open_activation_runs
 from cdp_assets.lib.ages import format_age
 from cdp_assets.lib.dagster_home import prepare_dagster_home
@@ -113,11 +114,13 @@ class Status:
     platform: tuple[Problem, ...] = ()
     # Destination syncs recorded as running, oldest first (`cdp destinations history`).
     open_syncs: tuple[OpenActivationRun, ...] = ()
+    # Destination audiences whose last syncs failed.
+    destinations: tuple[Problem, ...] = ()
 
     @property
     def problems(self) -> list[Problem]:
         """Everything that makes the platform unhealthy, the tenant named where it is one's."""
-        found = list(self.platform)
+        found = [*self.platform, *self.destinations]
         for figure in self.metrics.alerting:
             threshold = self.metrics.thresholds[figure.metric].describe()
             tenant = figure.subject if SUBJECTS.get(figure.metric) == "tenant" else None
@@ -225,6 +228,34 @@ def platform_asset_problems(instance: dg.DagsterInstance, now: datetime) -> list
     return problems
 
 
+def destination_problems(
+    conn: psycopg.Connection, tenant_ids: list[str], now: datetime
+) -> list[Problem]:
+    """A problem per destination audience whose last syncs failed: a push of changes over
+    its tenant succeeds meanwhile (it skips the audience while it rests), so the tenant's
+    activation asset alone would look healthy."""
+    problems = []
+    for failing in failing_audiences(conn, tenant_ids):
+        until = resting_until(failing.failures_in_a_row, failing.last_failed_at, now)
+        rest = (
+            f"its changes wait until {until.astimezone(UTC):%Y-%m-%d %H:%M} UTC"
+            if until
+            else "its next change is pushed"
+        )
+        problems.append(
+            Problem(
+                "destination",
+                f"{failing.destination_id}/{failing.audience}",
+                f"{failing.failures_in_a_row} syncs failed in a row, the last at"
+                f" {failing.last_failed_at.astimezone(UTC):%Y-%m-%d %H:%M} UTC; {rest}"
+                f" (why: `cdp destinations history {failing.destination_id}`; once fixed:"
+                f" `cdp destinations retry {failing.destination_id}`)",
+                failing.tenant_id,
+            )
+        )
+    return problems
+
+
 def collect_status(
     instance: dg.DagsterInstance,
     conn: psycopg.Connection,
@@ -288,6 +319,7 @@ def collect_status(
         checked_at=now,
         platform=tuple(platform),
         open_syncs=tuple(open_activation_runs(conn, active if tenant_ids else None)),
+        destinations=tuple(destination_problems(conn, active, now)),
         queued_runs=instance.get_runs_count(dg.RunsFilter(statuses=[dg.DagsterRunStatus.QUEUED])),
         in_progress_runs=instance.get_runs_count(dg.RunsFilter(statuses=list(IN_PROGRESS))),
         assets=tuple(assets),
@@ -356,6 +388,9 @@ def render_text(status: Status, *, full: bool | None = None) -> str:
         platform.extend(f"  {problem}" for problem in status.platform)
     else:
         platform = ["platform: daemon alive, schedules and sensors ticking, operations fresh"]
+    if status.destinations:
+        platform.append(f"destinations: {len(status.destinations)} failing")
+        platform.extend(f"  {problem}" for problem in status.destinations)
     verdict = "healthy" if status.healthy else f"unhealthy: {len(status.problems)} problems"
     return "\n".join([assets, render_metrics(status.metrics), *platform, verdict])
 

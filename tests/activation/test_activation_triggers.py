@@ -15,7 +15,6 @@ from support.activation import (
     AUDIENCE,
     activation_warehouse,
     add_tenant_with_customers,
-    push,
     register_destination,
     runs,
     set_members,
@@ -28,6 +27,7 @@ from cdp_assets.activation.google.assets import google_customer_match
 from cdp_assets.activation.meta.assets import meta_custom_audiences
 from cdp_assets.activation.meta.resources import MetaResource
 from cdp_assets.activation.push_requests import (
+    awaiting_verdicts,
     cadence_requests,
     change_requests,
     changed_audiences,
@@ -36,6 +36,7 @@ from cdp_assets.activation.schedules import activation_every_48_hours
 from cdp_assets.activation.vtex_collections.assets import vtex_product_collections
 from cdp_assets.analytics.schedules import on_48_hour_cadence
 from cdp_assets.lib.warehouse import WarehouseResource
+from cdp_assets.ops.status import destination_problems
 from cdp_assets.partitions import RANGE_END_TAG, RANGE_START_TAG, tenants
 from cdp_assets.tenants.registry import Tenant, list_tenants
 from cdp_devkit.sandbox.meta.graph import MetaSandbox
@@ -327,9 +328,10 @@ def test_a_destination_audience_that_keeps_failing_rests_between_pushes_of_chang
 ) -> None:
     """Each refresh changes an audience's members; a destination that keeps failing (here, its
     token missing from the environment) must not fail, and alert, once per refresh. After a
-    failure its changes rest 15 minutes, twice as long after each further failure in a row;
-    a push of changes over its tenant skips it meanwhile. A reset ends the rest, and a
-    completed sync clears the count."""
+    failure its changes rest 15 minutes, twice as long after each further failure in a row: a
+    sensor's push over its tenant skips it meanwhile, a push by hand tries it, the platform's
+    status names it. `cdp destinations retry` ends the rest; a completed sync clears the
+    count."""
     tenant, destination = "trig_rest", "trig_rest_meta"
     with psycopg.connect(url) as conn:
         add_tenant_with_customers(conn, tenant, 300)
@@ -341,15 +343,25 @@ def test_a_destination_audience_that_keeps_failing_rests_between_pushes_of_chang
             ),
         )
         os.environ.pop("TRIG_REST", None)
+        instance.add_dynamic_partitions(tenants.name, [tenant])
         with MetaSandbox({"trigger-token": ["55"]}) as meta:
             resources = {
                 "warehouse": WarehouseResource(url=url),
                 "meta": MetaResource(graph_url=meta.graph_url),
             }
 
-            def push_changes() -> dg.ExecuteInProcessResult:
-                return push(
-                    meta_custom_audiences, instance, tenant, resources, {"changed_only": True}
+            def push_changes(by_sensor: bool = True) -> dg.ExecuteInProcessResult:
+                """A push of changes as the change sensor launches it, or by hand."""
+                return dg.materialize(
+                    [meta_custom_audiences],
+                    partition_key=tenant,
+                    instance=instance,
+                    resources=resources,
+                    run_config={
+                        "ops": {"meta_custom_audiences": {"config": {"changed_only": True}}}
+                    },
+                    tags={"dagster/sensor_name": "audience_changes_sensor"} if by_sensor else {},
+                    raise_on_error=False,
                 )
 
             def failing() -> tuple[int, datetime | None]:
@@ -366,43 +378,85 @@ def test_a_destination_audience_that_keeps_failing_rests_between_pushes_of_chang
                 later = datetime.now(UTC) + timedelta(minutes=minutes)
                 return tenant in changed_audiences(conn, later)
 
+            def tried() -> int:
+                return len(runs(conn, destination))
+
+            def rest_over() -> None:
+                conn.execute(
+                    "UPDATE cdp.destination_audiences"
+                    " SET last_failed_at = last_failed_at - interval '16 minutes'"
+                    " WHERE destination_id = %s",
+                    (destination,),
+                )
+                conn.commit()
+
             assert changed_in(0)
             assert not push_changes().success
             count, failed_at = failing()
             assert count == 1 and failed_at is not None
             set_members(conn, tenant, range(10, 210))
             assert not changed_in(0) and not changed_in(14) and changed_in(16)
-
-            # A push of changes reaching the tenant meanwhile leaves the audience alone.
-            tried = len(runs(conn, destination))
-            resting = push_changes()
-            assert resting.success
-            (materialization,) = resting.asset_materializations_for_node("meta_custom_audiences")
-            assert materialization.metadata["audiences_resting"].value == 1
-            assert len(runs(conn, destination)) == tried
-
-            # Once the rest is over, it is tried again; a second failure rests twice as long.
+            (problem,) = [
+                p
+                for p in destination_problems(conn, [tenant], datetime.now(UTC))
+                if p.tenant_id == tenant
+            ]
+            assert "1 syncs failed in a row" in problem.detail
+            # Nor is a verdict poll launched for it while it rests.
             conn.execute(
-                "UPDATE cdp.destination_audiences"
-                " SET last_failed_at = last_failed_at - interval '16 minutes'"
+                "INSERT INTO cdp.destination_requests"
+                " (destination_id, audience, platform_request_id, operation)"
+                " VALUES (%s, %s, 'poll', 'add')",
+                (destination, AUDIENCE),
+            )
+            conn.commit()
+            assert tenant not in awaiting_verdicts(conn)
+            rest_over()
+            assert tenant in awaiting_verdicts(conn)
+            conn.execute(
+                "UPDATE cdp.destination_audiences SET last_failed_at = now()"
                 " WHERE destination_id = %s",
                 (destination,),
             )
+            conn.execute("DELETE FROM cdp.destination_requests WHERE platform_request_id = 'poll'")
             conn.commit()
-            assert changed_in(0)
-            assert not push_changes().success
-            assert failing()[0] == 2
+
+            # A sensor's push reaching the tenant meanwhile leaves the audience alone.
+            before = tried()
+            resting = push_changes()
+            assert resting.success and tried() == before
+            (materialization,) = resting.asset_materializations_for_node("meta_custom_audiences")
+            assert materialization.metadata["audiences_resting"].value == 1
+            # Pushed by hand, it is tried (and fails: one more in a row).
+            assert not push_changes(by_sensor=False).success
+            assert tried() == before + 1 and failing()[0] == 2
             assert not changed_in(29) and changed_in(31)
             listed = CliRunner().invoke(destinations, ["list"], env={"DATABASE_URL": url})
             assert f"{AUDIENCE} (failed 2 in a row)" in listed.output
 
-            # The operator fixes the token and resets: pushed at once, and the count cleared.
-            os.environ["TRIG_REST"] = "trigger-token"
-            reset = CliRunner().invoke(
-                destinations, ["reset", destination], env={"DATABASE_URL": url}
-            )
-            assert reset.exit_code == 0, reset.output
-            assert failing() == (0, None)
+            # Once its rest is over, a sensor's push tries it again.
+            rest_over()
+            rest_over()
             assert changed_in(0)
+            assert not push_changes().success
+            assert failing()[0] == 3
+
+            # The operator renews the token: `retry` ends the rest, nothing else forgotten.
+            os.environ["TRIG_REST"] = "trigger-token"
+            retry = CliRunner().invoke(
+                destinations, ["retry", destination], env={"DATABASE_URL": url}
+            )
+            assert retry.exit_code == 0, retry.output
+            assert failing() == (0, None) and changed_in(0)
             assert push_changes().success
-            assert failing()[0] == 0 and not changed_in(0)
+            assert not changed_in(0)
+
+            # A completed sync alone clears the count.
+            os.environ.pop("TRIG_REST")
+            set_members(conn, tenant, range(20, 220))
+            assert not push_changes().success and failing()[0] == 1
+            os.environ["TRIG_REST"] = "trigger-token"
+            rest_over()
+            assert push_changes().success
+            assert failing()[0] == 0
+            assert not destination_problems(conn, [tenant], datetime.now(UTC))
