@@ -341,8 +341,9 @@ def activate(
             targets, already_synced = _changed(conn, targets, adapter)
         # A sensor's push leaves alone what keeps failing; the 48-hour push and a push
         # started by hand try it whatever.
+        by_sensor = SENSOR_TAG in context.run.tags
         resting: list[str] = []
-        if SENSOR_TAG in context.run.tags:
+        if by_sensor:
             targets, resting = _awake(targets)
         gate_refusals = clv_gate_refusals(
             conn,
@@ -412,7 +413,7 @@ def activate(
     metadata["sync_state_analyzed"] = dg.MetadataValue.bool(analyzed)
     if config.changed_only:
         metadata["audiences_already_synced"] = dg.MetadataValue.int(already_synced)
-    if SENSOR_TAG in context.run.tags:
+    if by_sensor:
         metadata["audiences_resting"] = dg.MetadataValue.int(len(resting))
     if any(o.status == "failed" for o in outcomes):
         # The platforms already retried transient errors with backoff inside this run, and
