@@ -24,7 +24,8 @@ UNTRACKED_HOURS = 24
 
 def close_abandoned_runs(conn: psycopg.Connection, instance: dg.DagsterInstance) -> int:
     """Mark `abandoned` the rows still `running` whose Dagster run is over, and those open
-    for UNTRACKED_HOURS without a run the instance knows; returns how many. Committed."""
+    for UNTRACKED_HOURS without a run the instance knows, each a failure of its destination
+    audience (`failures_in_a_row`); returns how many. Committed."""
     run_ids = [
         run_id
         for (run_id,) in conn.execute(
@@ -39,21 +40,48 @@ def close_abandoned_runs(conn: psycopg.Connection, instance: dg.DagsterInstance)
         for record in records
         if record.dagster_run.status in FINISHED
     }
-    closed = conn.execute(
+    # An abandoned sync counts as a failure of its destination audience, so one that hangs
+    # until run monitoring ends its runs rests as one that fails does; not when a sync of the
+    # audience completed after it started, nor for a dry run.
+    row = conn.execute(
         """
-        UPDATE cdp.activation_runs SET status = 'abandoned', finished_at = now(),
-               reason = CASE WHEN %(ended)s::jsonb ? dagster_run_id
-                   THEN 'Dagster run ' || dagster_run_id || ' ended ('
-                        || (%(ended)s::jsonb ->> dagster_run_id) || ') before this sync finished'
-                   ELSE 'no Dagster run in progress for this sync after '
-                        || %(hours)s || ' hours' END
-        WHERE status = 'running'
-          AND (%(ended)s::jsonb ? dagster_run_id
-               OR (started_at < now() - make_interval(hours => %(hours)s)
-                   AND (dagster_run_id IS NULL OR dagster_run_id <> ALL(%(known)s::text[]))))
+        WITH closed AS (
+            UPDATE cdp.activation_runs SET status = 'abandoned', finished_at = now(),
+                   reason = CASE WHEN %(ended)s::jsonb ? dagster_run_id
+                       THEN 'Dagster run ' || dagster_run_id || ' ended ('
+                            || (%(ended)s::jsonb ->> dagster_run_id)
+                            || ') before this sync finished'
+                       ELSE 'no Dagster run in progress for this sync after '
+                            || %(hours)s || ' hours' END
+            WHERE status = 'running'
+              AND (%(ended)s::jsonb ? dagster_run_id
+                   OR (started_at < now() - make_interval(hours => %(hours)s)
+                       AND (dagster_run_id IS NULL OR dagster_run_id <> ALL(%(known)s::text[]))))
+            RETURNING destination_id, audience, started_at, dry_run
+        ),
+        failed AS (
+            SELECT destination_id, audience, count(*) AS syncs
+            FROM closed AS c
+            WHERE NOT c.dry_run
+              AND NOT EXISTS (
+                  SELECT 1 FROM cdp.activation_runs AS later
+                  WHERE later.destination_id = c.destination_id AND later.audience = c.audience
+                    AND later.status IN ('synced', 'failed') AND later.started_at > c.started_at
+              )
+            GROUP BY destination_id, audience
+        ),
+        counted AS (
+            UPDATE cdp.destination_audiences AS a
+               SET failures_in_a_row = a.failures_in_a_row + failed.syncs, last_failed_at = now()
+              FROM failed
+             WHERE a.destination_id = failed.destination_id AND a.audience = failed.audience
+        )
+        SELECT count(*) FROM closed
         """,
         {"ended": Jsonb(ended), "known": known, "hours": UNTRACKED_HOURS},
-    ).rowcount
+    ).fetchone()
+    assert row is not None
+    (closed,) = row
     conn.commit()
     return closed
 

@@ -142,7 +142,7 @@ def _run_dbt(
     # The dbt command starts here.
     invocation = dbt.forked_cli(args, context=context, env=run_environment)
     yield from invocation.stream()
-    keep_parse(invocation.target_path)
+    keep_parse(invocation.target_path, run_environment)
 
 
 _tenant_dbt: dict[str, Any] = {

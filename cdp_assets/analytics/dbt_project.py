@@ -25,7 +25,7 @@ from dagster_dbt import (
 from filelock import FileLock
 
 from cdp_assets.analytics.automation import ANALYTICS_AUTOMATION
-from cdp_assets.framework.dbt_cli import CdpDbtCliResource
+from cdp_assets.framework.dbt_cli import PARTIAL_PARSE, CdpDbtCliResource, kept_parse_name
 from cdp_assets.lib import settings
 from cdp_assets.lib.environ import temporary_environment
 from cdp_assets.partitions import tenants
@@ -47,7 +47,7 @@ def dbt_resource() -> CdpDbtCliResource:
     return CdpDbtCliResource(
         project_dir=dbt_project,  # type: ignore[arg-type]
         dbt_executable=DBT_EXECUTABLE,
-        kept_parse=str(KEPT_PARSE),
+        kept_parses=str(PRODUCTION_STATE),
     )
 
 
@@ -84,12 +84,12 @@ def ensure_manifest() -> Path:
             os.environ.setdefault("DO_NOT_TRACK", "1")
             parse_target = dbt_project.target_path / f"parse-{uuid.uuid4().hex}"
             parsed = DBT_PROJECT_DIR / parse_target
-            url = settings.value("DATABASE_URL") or UNCONNECTED_URL
+            connection = dbt_connection_env(settings.value("DATABASE_URL") or UNCONNECTED_URL)
             try:
-                with temporary_environment(dbt_connection_env(url)):
+                with temporary_environment(connection):
                     dbt_resource().cli(["parse", "--quiet"], target_path=parse_target).wait()
                 os.replace(parsed / "manifest.json", MANIFEST_PATH)
-                keep_parse(parsed)
+                keep_parse(parsed, connection)
             finally:
                 shutil.rmtree(parsed, ignore_errors=True)
     return MANIFEST_PATH
@@ -98,26 +98,25 @@ def ensure_manifest() -> Path:
 # What profiles.yml is given for a parse without a database: a parse never connects.
 UNCONNECTED_URL = "postgresql://unconnected/postgres"
 
-PARTIAL_PARSE = "partial_parse.msgpack"
 # Production's folder in dbt's output, which no person's dbt command writes (theirs go to
 # target/): the project's own parse, which each of the platform's invocations starts from and
 # leaves its own in, and production's manifest, which `cdp dbt` defers to.
 PRODUCTION_STATE = DBT_PROJECT_DIR / dbt_project.target_path / "production"
-KEPT_PARSE = PRODUCTION_STATE / PARTIAL_PARSE
 
 
-def keep_parse(invocation_target: Path) -> None:
-    """Make an invocation's parse the project's. dagster-dbt gives each invocation a fresh
-    target folder and copies the project's parse into it, so dbt re-reads only the files that
-    changed since, half the start-up of a full parse. Replaced atomically,
-    as concurrent runs may finish together."""
+def keep_parse(invocation_target: Path, env: Mapping[str, str]) -> None:
+    """Make an invocation's parse the project's, for the database of `env` (the environment
+    `dbt_connection_env` gives). dagster-dbt gives each invocation a fresh target folder and
+    copies the project's parse into it, so dbt re-reads only the files that changed since, half
+    the start-up of a full parse. Replaced atomically, as concurrent runs may finish together."""
     parsed = invocation_target / PARTIAL_PARSE
     if not parsed.exists():
         return
-    KEPT_PARSE.parent.mkdir(parents=True, exist_ok=True)
-    incoming = KEPT_PARSE.with_name(f".{PARTIAL_PARSE}.{uuid.uuid4().hex}")
+    kept = PRODUCTION_STATE / kept_parse_name(env)
+    kept.parent.mkdir(parents=True, exist_ok=True)
+    incoming = kept.with_name(f".{kept.name}.{uuid.uuid4().hex}")
     shutil.copyfile(parsed, incoming)
-    os.replace(incoming, KEPT_PARSE)
+    os.replace(incoming, kept)
 
 
 def refresh_production_state(env: Mapping[str, str]) -> Path:
@@ -130,8 +129,9 @@ def refresh_production_state(env: Mapping[str, str]) -> Path:
     parsed = PRODUCTION_STATE / f".parse-{uuid.uuid4().hex}"
     parsed.mkdir()
     try:
-        if KEPT_PARSE.exists():
-            shutil.copyfile(KEPT_PARSE, parsed / PARTIAL_PARSE)
+        kept = PRODUCTION_STATE / kept_parse_name(env)
+        if kept.exists():
+            shutil.copyfile(kept, parsed / PARTIAL_PARSE)
         command = [DBT_EXECUTABLE, "parse", "--quiet", "--target", PRODUCTION_TARGET]
         command += ["--profiles-dir", str(DBT_PROJECT_DIR), "--target-path", str(parsed)]
         subprocess.run(command, cwd=DBT_PROJECT_DIR, env=env, check=True)

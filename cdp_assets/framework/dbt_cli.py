@@ -2,6 +2,7 @@
 skipped where this project does not need it, and the command runs in a child forked from the
 step process (dbt_fork.py). Targets dagster-dbt 0.29.27 (see README.md of this folder)."""
 
+import hashlib
 import os
 import shutil
 import sys
@@ -22,6 +23,18 @@ from packaging.version import Version
 from cdp_assets.framework.dbt_fork import ForkedDbt
 from cdp_assets.lib.environ import temporary_environment
 
+PARTIAL_PARSE = "partial_parse.msgpack"
+# What profiles.yml connects with, but the password.
+CONNECTION_VARIABLES = ("CDP_PGHOST", "CDP_PGPORT", "CDP_PGUSER", "CDP_PGDATABASE")
+
+
+def kept_parse_name(env: Mapping[str, str]) -> str:
+    """The file keeping the project's parse for the database `env` connects to (its CDP_PG*
+    variables): dbt discards a parse made with another profile, so processes on several
+    databases (a test suite's workers) would each discard the others' parse."""
+    where = "|".join(env.get(name, "") for name in CONNECTION_VARIABLES)
+    return f"partial_parse-{hashlib.sha256(where.encode()).hexdigest()[:16]}.msgpack"
+
 
 class CdpDbtCliResource(DbtCliResource):
     """dagster-dbt's resource, without two things it does before each step's first dbt command
@@ -30,9 +43,9 @@ class CdpDbtCliResource(DbtCliResource):
     this project does not ask for. The dbt it runs is the dbt-core installed beside this
     interpreter, so that package's version is the CLI's."""
 
-    kept_parse: str = ""
-    """The project's own parse (partial_parse.msgpack), copied into each invocation's target
-    folder so dbt re-reads only the files changed since; empty: none."""
+    kept_parses: str = ""
+    """The folder of the project's own parses (kept_parse_name), one copied into each
+    invocation's target folder so dbt re-reads only the files changed since; empty: none."""
 
     @cached_property
     def _cli_version(self) -> Version:
@@ -85,10 +98,10 @@ class CdpDbtCliResource(DbtCliResource):
         if params.indirect_selection:
             env[DBT_INDIRECT_SELECTION_ENV] = params.indirect_selection
         # dbt re-reads only the files changed since the project's last parse (keep_parse).
-        kept = Path(self.kept_parse) if self.kept_parse else None
+        kept = Path(self.kept_parses) / kept_parse_name(env) if self.kept_parses else None
         if kept is not None and kept.exists():
             target_path.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(kept, target_path / kept.name)
+            shutil.copyfile(kept, target_path / PARTIAL_PARSE)
         command = [
             self.dbt_executable,
             *self.global_config_flags,

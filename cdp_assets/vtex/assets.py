@@ -1,10 +1,12 @@
 """VTEX documents landed raw in Postgres, one partition per tenant (orders: per month too),
 and the orders feed drained per tenant, the tenants of a block in one run."""
 
+import threading
 from collections import defaultdict
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 
 import dagster as dg
@@ -25,7 +27,12 @@ from cdp_assets.lib.sync_state import (
 )
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.partitions import order_months, tenant_months, tenants
-from cdp_assets.tenants.registry import Tenant, get_tenant, vtex_orders_available_from
+from cdp_assets.tenants.registry import (
+    Tenant,
+    get_tenant,
+    list_tenants,
+    vtex_orders_available_from,
+)
 from cdp_assets.vtex.client import VtexClient, VtexRequestFailed
 from cdp_assets.vtex.feed import MAX_LOTS_PER_RUN, FeedDrain, drain_feed
 from cdp_assets.vtex.resources import VtexResource
@@ -69,13 +76,19 @@ class FeedDrainConfig(dg.Config):
     """Feed reads (up to 10 events each) in this run; the next run continues a longer queue."""
 
 
+class TenantsFailed(Exception):
+    """Several tenants of a run failed, one at least for a reason that may pass."""
+
+
+# What outlived the client's own retries and may pass: VTEX still failing, or the database
+# connection dropped.
+TRANSIENT = (VtexRequestFailed, psycopg.OperationalError)
+
+
 def _retry(context: dg.AssetExecutionContext, vtex: VtexResource) -> AbstractContextManager[None]:
-    """Step retries for what outlived the client's own retries: VTEX still failing, or the
-    database connection dropped."""
+    """Step retries for what may pass (TRANSIENT, TenantsFailed)."""
     return retry_transient(
-        context,
-        (VtexRequestFailed, psycopg.OperationalError),
-        base_seconds=vtex.step_retry_base_seconds,
+        context, (*TRANSIENT, TenantsFailed), base_seconds=vtex.step_retry_base_seconds
     )
 
 
@@ -193,6 +206,90 @@ def _record_failed_month(
         context.log.warning(f"{tenant_id} {month}: failure not recorded ({unrecorded!r})")
 
 
+# Tenants of a run synced at once, each on its own connection and client (the schedule's run
+# covers a block of tenants: one run's start instead of one per tenant).
+ORDER_TENANTS_AT_ONCE = 4
+
+
+@dataclass
+class TenantSync:
+    """One tenant's months in a run: what each landed, or the error that stopped it."""
+
+    tenant_id: str
+    months: list[str]
+    landed: dict[str, dict[str, int | str]] = field(default_factory=dict)
+    client: VtexClient | None = None
+    error: Exception | None = None
+    stopped: threading.Event = field(default_factory=threading.Event)
+
+    def stop(self) -> None:
+        self.stopped.set()
+        if self.client is not None:
+            self.client.stop()
+
+
+def _month_key(tenant_id: str, month: str) -> dg.MultiPartitionKey:
+    return dg.MultiPartitionKey({"tenant": tenant_id, "month": month})
+
+
+def _sync_tenant(
+    context: dg.AssetExecutionContext,
+    config: OrdersSyncConfig,
+    warehouse: WarehouseResource,
+    vtex: VtexResource,
+    synced: TenantSync,
+) -> None:
+    """A tenant's months of the run, oldest first; a failed month is recorded failed and
+    stops the tenant (reported once the run's other tenants are done)."""
+    try:
+        with warehouse.connect() as conn:
+            tenant = get_tenant(conn, synced.tenant_id)
+            synced.client = vtex.client_for(tenant)
+            for month in sorted(synced.months):
+                if synced.stopped.is_set():
+                    return
+                try:
+                    synced.landed[month] = _sync_month(
+                        context, config, conn, synced.client, tenant, month
+                    )
+                except Exception as error:
+                    if not synced.stopped.is_set():
+                        _record_failed_month(context, conn, synced.tenant_id, month, error)
+                    raise
+    except Exception as error:  # noqa: BLE001 (raised once the other tenants are done)
+        synced.error = error
+
+
+def _record_tenants_synced(
+    context: dg.AssetExecutionContext, done: list[TenantSync]
+) -> Iterator[dg.AssetMaterialization]:
+    """The months of the tenants that completed, materialized though the run fails: their
+    cursors moved already, so what they landed must not wait for the failed tenants."""
+    for tenant in done:
+        for month, landed in tenant.landed.items():
+            yield dg.AssetMaterialization(
+                context.asset_key, partition=_month_key(tenant.tenant_id, month), metadata=landed
+            )
+
+
+def _raise_for(synced: list[TenantSync]) -> None:
+    """A run of one tenant fails with its error as it was; a run of several with one naming
+    each tenant that failed. The step retries (every tenant of the run) when an error may pass."""
+    failed = {t.tenant_id: t.error for t in synced if t.error is not None}
+    if not failed:
+        return
+    if len(synced) == 1:
+        raise next(iter(failed.values()))
+    reasons = "; ".join(
+        f"{tenant_id}: {type(error).__name__}: {redact(str(error))[:300]}"
+        for tenant_id, error in failed.items()
+    )
+    message = f"orders could not be synced for {reasons}"
+    if any(isinstance(error, TRANSIENT) for error in failed.values()):
+        raise TenantsFailed(message) from next(iter(failed.values()))
+    raise dg.Failure(message, metadata={"tenants_failed": dg.MetadataValue.json(sorted(failed))})
+
+
 @dg.asset(
     name="vtex_orders",
     group_name=GROUP,
@@ -208,7 +305,7 @@ def vtex_orders(
     config: OrdersSyncConfig,
     warehouse: WarehouseResource,
     vtex: VtexResource,
-) -> dg.MaterializeResult:
+) -> Iterator[dg.AssetMaterialization | dg.MaterializeResult]:
     """VTEX OMS orders (List + Get order), raw JSONB keyed by (tenant, orderId), per month.
 
     A month first syncs whole (from the tenant's history start); later runs of the same month
@@ -218,34 +315,53 @@ def vtex_orders(
     serves are recorded unavailable, never synced.
 
     In a run over several months, each month's materialization records the rows of that month;
-    the VTEX requests and seconds are the whole run's, recorded on each.
+    the VTEX requests and seconds are the whole run's, recorded on each. A run over a block of
+    tenants (the twice-daily schedule's) syncs a few at once; one tenant's failure leaves the
+    others synced and recorded, and fails the run naming it.
     """
-    partitions_by_tenant: dict[str, list[dg.MultiPartitionKey]] = defaultdict(list)
+    months_by_tenant: dict[str, list[str]] = defaultdict(list)
     for key in context.partition_keys:
         partition = tenant_months.get_partition_key_from_str(key)
-        partitions_by_tenant[partition.keys_by_dimension["tenant"]].append(partition)
+        months_by_tenant[partition.keys_by_dimension["tenant"]].append(
+            partition.keys_by_dimension["month"]
+        )
     run = Landing()  # the VTEX requests and time of the whole run; each month lands its own
-    unread = 0
-    with _retry(context, vtex), warehouse.connect() as conn:
-        for tenant_id, partitions in partitions_by_tenant.items():
-            tenant = get_tenant(conn, tenant_id)
-            client = vtex.client_for(tenant)
-            for partition in sorted(partitions, key=lambda p: p.keys_by_dimension["month"]):
-                month = partition.keys_by_dimension["month"]
-                try:
-                    landed = _sync_month(context, config, conn, client, tenant, month)
-                except Exception as error:
-                    _record_failed_month(context, conn, tenant_id, month, error)
-                    raise
-                context.add_asset_metadata(landed, partition_key=partition)
-                unread += int(landed["orders_unread"])
-            run.count_requests(client)
+    with _retry(context, vtex):
+        with warehouse.connect() as conn:
+            priority = {tenant.tenant_id: tenant.priority for tenant in list_tenants(conn)}
+        by_priority = sorted(months_by_tenant, key=lambda tenant_id: priority.get(tenant_id, 0))
+        synced = [TenantSync(tenant_id, months_by_tenant[tenant_id]) for tenant_id in by_priority]
+        pool = ThreadPoolExecutor(ORDER_TENANTS_AT_ONCE, thread_name_prefix="orders")
+        try:
+            list(
+                pool.map(
+                    lambda tenant: _sync_tenant(context, config, warehouse, vtex, tenant), synced
+                )
+            )
+        except BaseException:
+            # Interrupted (a cancelled run): the tenants under way stop their requests now.
+            for tenant in synced:
+                tenant.stop()
+            raise
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+        done = [tenant for tenant in synced if tenant.error is None]
+        for tenant in synced:
+            if tenant.client is not None:
+                run.count_requests(tenant.client)
+        if len(done) < len(synced):
+            yield from _record_tenants_synced(context, done)
+            _raise_for(synced)
+    for tenant in done:
+        for month, landed in tenant.landed.items():
+            context.add_asset_metadata(landed, partition_key=_month_key(tenant.tenant_id, month))
+    unread = sum(int(landed["orders_unread"]) for t in done for landed in t.landed.values())
     if unread:
         context.log.warning(
             f"{unread} orders left unread (Get order kept failing): raw_vtex.unreadable_orders"
             " holds them, and the next run of their month reads them again"
         )
-    return dg.MaterializeResult(
+    yield dg.MaterializeResult(
         metadata={
             **run.request_metadata(),
             "months": len(context.partition_keys),

@@ -1,19 +1,27 @@
 """When VTEX data is synced: the old daily-sync and product-sync workers as schedules.
 
-Times are in Buenos Aires. Every tick requests one run per active tenant, in priority
-order (lower syncs first), the order the run queue launches them in (tenants/runs.py).
+Times are in Buenos Aires. Every tick requests runs for the active tenants in priority order
+(lower syncs first), the order the run queue launches them in (tenants/runs.py): the catalog
+one run per tenant, the orders' 48 hours one run per block of neighbouring tenants.
 """
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 
 import dagster as dg
 
 from cdp_assets.lib.sync_state import OrderGaps, order_gaps
 from cdp_assets.lib.warehouse import WarehouseResource
-from cdp_assets.partitions import TENANT_RUN_TAG, TIMEZONE, order_months, tenant_month_range_tags
+from cdp_assets.partitions import (
+    RANGE_END_TAG,
+    RANGE_START_TAG,
+    TENANT_RUN_TAG,
+    TIMEZONE,
+    order_months,
+    tenant_month_range_tags,
+)
 from cdp_assets.tenants.registry import Tenant
-from cdp_assets.tenants.runs import tenants_with_partitions
+from cdp_assets.tenants.runs import tenant_blocks, tenants_with_partitions
 from cdp_assets.vtex.assets import OVERLAP
 from cdp_assets.vtex.jobs import vtex_orders_sync, vtex_tenant_sync
 
@@ -36,25 +44,34 @@ REPAIR_TAG = "cdp/repair"
 
 def order_sync_requests(
     tenant_rows: list[Tenant],
+    partition_order: Sequence[str],
     moment: datetime,
     gaps: Mapping[str, OrderGaps] | None = None,
 ) -> list[dg.RunRequest]:
-    """One run per tenant (priority order) over the months of the 48 hours before `moment`:
-    across a month end, one run covers both months (a range of the tenant's partitions).
-    Then, from `gaps`, a run per older month to read again (REPAIR_MONTHS_PER_TICK at most
-    per tenant)."""
+    """One run per block of neighbouring tenants (tenant_blocks: the most urgent first) over
+    the months of the 48 hours before `moment` (two across a month end): a run's start costs
+    more than most tenants' 48 hours. Then, from `gaps`, a run per older month to read again
+    (REPAIR_MONTHS_PER_TICK at most per tenant)."""
     months = recent_months(moment)
     requests = []
-    for tenant in tenant_rows:
-        tags = {TENANT_RUN_TAG: tenant.tenant_id}
+    for block in tenant_blocks(partition_order, tenant_rows):
+        first, last = block[0].tenant_id, block[-1].tenant_id
         partition_key = None
-        if len(months) == 1:
-            partition_key = dg.MultiPartitionKey({"tenant": tenant.tenant_id, "month": months[0]})
+        tags: dict[str, str]
+        if first != last:
+            tags = {
+                RANGE_START_TAG: dg.MultiPartitionKey({"tenant": first, "month": months[0]}),
+                RANGE_END_TAG: dg.MultiPartitionKey({"tenant": last, "month": months[-1]}),
+            }
+        elif len(months) == 1:
+            partition_key = dg.MultiPartitionKey({"tenant": first, "month": months[0]})
+            tags = {TENANT_RUN_TAG: first}
         else:
-            tags |= tenant_month_range_tags(tenant.tenant_id, months[0], months[-1])
+            tags = tenant_month_range_tags(first, months[0], months[-1])
+        block_key = first if first == last else f"{first}..{last}"
         requests.append(
             dg.RunRequest(
-                run_key=f"{tenant.tenant_id}|{moment:%Y%m%d%H%M}",
+                run_key=f"{block_key}|{moment:%Y%m%d%H%M}",
                 partition_key=partition_key,
                 tags=tags,
             )
@@ -94,17 +111,20 @@ def tenant_run_requests(tenant_rows: list[Tenant], moment: datetime) -> list[dg.
     execution_timezone=TIMEZONE,
     default_status=dg.DefaultScheduleStatus.RUNNING,
     description="Orders of the last 48 hours of every active tenant, at 06:00 and 18:00"
-    " (Buenos Aires): one run per tenant, in priority order, over the months those 48 hours"
-    " touch (two across a month end); then up to 3 older months per tenant that were left"
-    " with unread orders or unreconciled with VTEX's totals, read again.",
+    " (Buenos Aires): one run per block of neighbouring tenants (a few tenants at once within"
+    " it), over the months those 48 hours touch (two across a month end); then up to 3 older"
+    " months per tenant that were left with unread orders or unreconciled with VTEX's totals,"
+    " read again.",
 )
 def vtex_orders_twice_daily(
     context: dg.ScheduleEvaluationContext, warehouse: WarehouseResource
 ) -> list[dg.RunRequest] | dg.SkipReason:
-    tenant_rows = tenants_with_partitions(context, warehouse)[0]
+    tenant_rows, partition_order = tenants_with_partitions(context, warehouse)
     with warehouse.connect() as conn:
         gaps = order_gaps(conn, [t.tenant_id for t in tenant_rows])
-    requests = order_sync_requests(tenant_rows, context.scheduled_execution_time, gaps)
+    requests = order_sync_requests(
+        tenant_rows, partition_order, context.scheduled_execution_time, gaps
+    )
     return requests or dg.SkipReason("no active tenants")
 
 

@@ -14,7 +14,8 @@ queued, so what is measured is creating and judging them, not syncing fake store
   running, the steady cost;
 - the orders schedule's tick as the daemon records it (its tick row, created when the tick
   starts, and the tick's end): the schedule is stored as started just before its latest
-  due time, so the daemon ticks it as soon as it starts, creating a queued run per tenant;
+  due time, so the daemon ticks it as soon as it starts, creating a queued run per block of
+  neighbouring tenants (one here: every tenant is active), each tenant's months planned;
 - the automation sensor's ticks as the daemon records them: the first (no cursor: every
   tenant's analytics judged from scratch) and the next, once the orders runs are queued;
 - the peak RSS of the daemon, the webserver and the code server, sampled while they run;
@@ -83,6 +84,7 @@ from cdp_assets.partitions import (
     tenant_of_partition_key,
 )
 from cdp_assets.tenants.registry import Tenant, add_tenant
+from cdp_assets.vtex.assets import vtex_orders
 from cdp_assets.vtex.schedules import vtex_orders_twice_daily
 
 FLEET_SIZES = (41, 400)
@@ -487,10 +489,18 @@ def _orders_schedule_tick(url: str, processes: _Processes, port: int) -> dict[st
             return _ticks(instance, port, vtex_orders_twice_daily.name)
 
         (tick, *_) = _wait("orders schedule tick", ticked, TICK_SECONDS)
+        planned = [
+            partition
+            for run_id in tick.run_ids
+            for partition in instance.get_asset_partitions_for_run(
+                run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION_PLANNED
+            ).get(vtex_orders.key, ())
+        ]
     return {
         "seconds": _tick_seconds(url, tick),
         "status": tick.status.value,
         "runs_created": len(tick.run_ids),
+        "tenants_planned": len({tenant_of_partition_key(p) for p in planned} - {None}),
         "error": tick.error.message if tick.error else None,
     }
 

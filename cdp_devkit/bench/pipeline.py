@@ -807,7 +807,11 @@ def run_increment(bench: Bench) -> StageResult:
             runs += bench.runner.run_all(
                 [
                     _as_run(ORDERS_SYNC_JOB, sync)
-                    for sync in order_sync_requests(tenant_rows, datetime.now(UTC))
+                    for sync in order_sync_requests(
+                        tenant_rows,
+                        bench.instance.get_dynamic_partitions(tenants.name),
+                        datetime.now(UTC),
+                    )
                 ]
             )
         with watch.part("feed_drain"):

@@ -822,6 +822,16 @@ def test_the_rows_of_a_killed_run_are_closed_by_the_next_run(
     assert synced["status"] == "synced"
     assert old["status"] == "abandoned" and "no Dagster run" in old["reason"]
     assert recent["status"] == "running"
+    # An abandoned sync is a failure of its audience (one that hangs every time rests as one
+    # that fails), unless a sync of the audience completed after it started.
+    with psycopg.connect(url) as conn:
+        failures = dict(
+            conn.execute(
+                "SELECT destination_id, failures_in_a_row FROM cdp.destination_audiences"
+                " WHERE destination_id IN ('meta_killed_meta', 'meta_killed_outside')"
+            ).fetchall()
+        )
+    assert failures == {"meta_killed_meta": 0, "meta_killed_outside": 1}
 
     history = cdp_destinations(url, "history", "meta_killed_meta")
     assert history.exit_code == 0, history.output

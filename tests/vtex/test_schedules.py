@@ -36,6 +36,7 @@ from cdp_assets.vtex.schedules import (
     REPAIR_MONTHS_PER_TICK,
     REPAIR_TAG,
     order_sync_requests,
+    recent_months,
     tenant_run_requests,
     vtex_catalog_daily,
     vtex_orders_twice_daily,
@@ -67,19 +68,25 @@ def scheduled_tenants(conn) -> list:
     return with_partitions(rows, {"sched_a", "sched_b", "sched_c"})
 
 
+# The inactive sched_c splits sched_a from sched_b; sched_d has no partition yet.
+SPLIT = ["sched_a", "sched_c", "sched_b"]
+
+
 def test_orders_sync_covers_the_last_48_hours_across_a_month_end(scheduled_tenants):
-    requests = order_sync_requests(scheduled_tenants, datetime(2026, 12, 1, 6, tzinfo=BUENOS_AIRES))
-    # One run per tenant in priority order (sched_b first) over both months the 48 hours
+    month_end = datetime(2026, 12, 1, 6, tzinfo=BUENOS_AIRES)
+    requests = order_sync_requests(scheduled_tenants, SPLIT, month_end)
+    # One run per block, the most urgent first (sched_b), over both months the 48 hours
     # touch; no inactive tenant and no tenant the sensor has not made a partition yet.
     ranges = [(r.partition_key_range.start, r.partition_key_range.end) for r in requests]
     assert ranges == [
         ("2026-11-01|sched_b", "2026-12-01|sched_b"),
         ("2026-11-01|sched_a", "2026-12-01|sched_a"),
     ]
+    assert [r.tags[TENANT_RUN_TAG] for r in requests] == ["sched_b", "sched_a"]
     assert all(r.partition_key is None for r in requests)
     # The range holds the tenant's two months and no other tenant's partition.
     with dg.DagsterInstance.ephemeral() as instance:
-        instance.add_dynamic_partitions(tenants.name, ["sched_a", "sched_b"])
+        instance.add_dynamic_partitions(tenants.name, SPLIT)
         assert tenant_months.get_partition_keys_in_range(
             requests[0].partition_key_range, dynamic_partitions_store=instance
         ) == ["2026-11-01|sched_b", "2026-12-01|sched_b"]
@@ -87,12 +94,36 @@ def test_orders_sync_covers_the_last_48_hours_across_a_month_end(scheduled_tenan
     assert len({r.run_key for r in requests}) == 2
 
     mid_month = order_sync_requests(
-        scheduled_tenants, datetime(2026, 12, 15, 18, tzinfo=BUENOS_AIRES)
+        scheduled_tenants, SPLIT, datetime(2026, 12, 15, 18, tzinfo=BUENOS_AIRES)
     )
     assert [str(r.partition_key) for r in mid_month] == ["2026-12-01|sched_b", "2026-12-01|sched_a"]
     assert all(r.partition_key_range is None for r in mid_month)
     assert vtex_orders_twice_daily.cron_schedule == "0 6,18 * * *"
     assert vtex_orders_twice_daily.execution_timezone == "America/Argentina/Buenos_Aires"
+
+
+def test_orders_sync_reads_neighbouring_tenants_in_one_run(scheduled_tenants):
+    """Neighbouring tenants are one run over the rectangle of their recent months: one run's
+    start instead of one per tenant. No tenant tag: the run is no single tenant's."""
+    order = ["sched_c", "sched_a", "sched_b"]
+    requests = order_sync_requests(
+        scheduled_tenants, order, datetime(2026, 12, 1, 6, tzinfo=BUENOS_AIRES)
+    )
+    (block,) = requests
+    assert block.partition_key is None and TENANT_RUN_TAG not in block.tags
+    assert block.run_key.startswith("sched_a..sched_b|")
+    with dg.DagsterInstance.ephemeral() as instance:
+        instance.add_dynamic_partitions(tenants.name, order)
+        assert sorted(
+            tenant_months.get_partition_keys_in_range(
+                block.partition_key_range, dynamic_partitions_store=instance
+            )
+        ) == [
+            "2026-11-01|sched_a",
+            "2026-11-01|sched_b",
+            "2026-12-01|sched_a",
+            "2026-12-01|sched_b",
+        ]
 
 
 def test_orders_sync_reads_again_the_months_left_unread_or_unreconciled(scheduled_tenants):
@@ -110,7 +141,7 @@ def test_orders_sync_reads_again_the_months_left_unread_or_unreconciled(schedule
         ),
     }
     moment = datetime(2026, 12, 15, 18, tzinfo=BUENOS_AIRES)
-    requests = order_sync_requests(scheduled_tenants, moment, gaps)
+    requests = order_sync_requests(scheduled_tenants, SPLIT, moment, gaps)
     keys = [str(r.partition_key) for r in requests]
     # The recent month first (once, though it failed), then the repairs, newest first; an
     # unavailable month is not requested (VTEX does not serve it), and each tenant gets at
@@ -125,8 +156,8 @@ def test_orders_sync_reads_again_the_months_left_unread_or_unreconciled(schedule
     assert len({r.run_key for r in requests}) == len(requests)
     repairs = [r for r in requests if r.tags.get(REPAIR_TAG)]
     assert len(repairs) == 2 + REPAIR_MONTHS_PER_TICK
-    assert order_sync_requests(scheduled_tenants, moment) == order_sync_requests(
-        scheduled_tenants, moment, {}
+    assert order_sync_requests(scheduled_tenants, SPLIT, moment) == order_sync_requests(
+        scheduled_tenants, SPLIT, moment, {}
     )
 
 
@@ -144,11 +175,13 @@ def test_the_orders_schedule_finds_the_months_to_read_again_in_the_warehouse(
         instance.add_dynamic_partitions(tenants.name, ["sched_a", "sched_b", "sched_c"])
         with dg.build_schedule_context(instance, evening, resources=resources) as context:
             requests = vtex_orders_twice_daily(context)
-    assert [str(r.partition_key) for r in requests] == [
-        "2026-12-01|sched_b",
+    # sched_a and sched_b are neighbours: one run over their recent month, then the repair.
+    block, repair = requests
+    assert (block.tags[RANGE_START_TAG], block.tags[RANGE_END_TAG]) == (
         "2026-12-01|sched_a",
-        "2026-02-01|sched_a",
-    ]
+        "2026-12-01|sched_b",
+    )
+    assert str(repair.partition_key) == "2026-02-01|sched_a"
 
 
 def test_catalog_sync_at_five_per_active_tenant(scheduled_tenants):
@@ -228,12 +261,12 @@ def test_dbt_runs_one_at_a_time(instance):
     assert instance.event_log_storage.get_concurrency_info("dbt").slot_count == 1
 
 
-def test_a_tick_of_the_orders_schedule_creates_each_run_in_few_statements(
+def test_a_tick_of_the_orders_schedule_creates_one_run_per_block_in_few_statements(
     warehouse_url, monkeypatch
 ):
-    """The daemon's tick, as Dagster's scheduler runs it: a queued run per tenant, each with
-    its planned month and checks recorded, in few statements a run (the tick creates one per
-    tenant; 400 tenants take it past its budget when each run costs two dozen)."""
+    """The daemon's tick, as Dagster's scheduler runs it: one queued run over the block of
+    tenants, its planned months and checks recorded, in few statements a run (400 tenants took
+    the tick past its budget when it created a run per tenant at two dozen statements each)."""
     name = f"cdp_tick_{uuid.uuid4().hex[:8]}"
     url = migrated_url(with_database(warehouse_url, name))
     monkeypatch.setenv("DATABASE_URL", url)
@@ -291,21 +324,25 @@ def test_a_tick_of_the_orders_schedule_creates_each_run_in_few_statements(
                     sqlalchemy.event.remove(engine, "before_cursor_execute", executed)
 
             runs = instance.get_runs()
-            orders = [r for r in runs if r.job_name == vtex_orders_sync.name]
-            assert sorted(r.tags[TENANT_RUN_TAG] for r in orders) == tenant_ids
-            assert all(r.status == dg.DagsterRunStatus.QUEUED for r in orders)
-            # Each run's planned month and checks are recorded, as Dagster records them.
-            for run in orders:
-                planned = instance.get_records_for_run(
-                    run.run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION_PLANNED
-                ).records
-                assert [r.partition_key for r in planned] == [run.tags["dagster/partition"]]
-                for check in ORDERS_CHECKS:
-                    history = instance.event_log_storage.get_asset_check_execution_history(
-                        dg.AssetCheckKey(dg.AssetKey("vtex_orders"), check), limit=50
-                    )
-                    assert run.run_id in {c.run_id for c in history}, check
-            assert len(statements) / len(runs) <= 17, len(statements) / len(runs)
+            (block,) = [r for r in runs if r.job_name == vtex_orders_sync.name]
+            assert block.status == dg.DagsterRunStatus.QUEUED
+            # Its planned months and checks are recorded, as Dagster records them: every
+            # tenant's recent months in the one run.
+            planned = instance.get_records_for_run(
+                block.run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION_PLANNED
+            ).records
+            months = recent_months(due)
+            assert sorted(r.partition_key for r in planned) == sorted(
+                f"{month}|{tenant}" for tenant in tenant_ids for month in months
+            )
+            for check in ORDERS_CHECKS:
+                history = instance.event_log_storage.get_asset_check_execution_history(
+                    dg.AssetCheckKey(dg.AssetKey("vtex_orders"), check), limit=50
+                )
+                assert block.run_id in {c.run_id for c in history}, check
+            # The whole tick: the block's run, its six tenants' months planned, and the other
+            # schedules' runs due (a run per tenant cost 17 statements each).
+            assert len(statements) <= 30 * len(runs), (len(statements), len(runs))
     finally:
         with psycopg.connect(with_database(warehouse_url, "postgres"), autocommit=True) as admin:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

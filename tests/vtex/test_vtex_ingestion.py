@@ -13,10 +13,11 @@ from click.testing import CliRunner
 from support import TABLES, metadata, months_ago, register, store_from_history_start, sync, vtex_for
 
 from cdp_assets.cli import main
+from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.ops.metrics import collect_history
-from cdp_assets.partitions import order_months
+from cdp_assets.partitions import RANGE_END_TAG, RANGE_START_TAG, order_months, tenants
 from cdp_assets.tenants.registry import vtex_orders_available_from
-from cdp_assets.vtex.assets import MONTH_FIGURES
+from cdp_assets.vtex.assets import MONTH_FIGURES, vtex_orders
 from cdp_assets.vtex.client import CUSTOMER_FIELDS
 from cdp_devkit.sandbox import SandboxProcess, credentials_for
 
@@ -321,6 +322,59 @@ def test_each_month_of_a_range_run_records_its_own_counts(conn, instance, sandbo
     assert len(of_the_run) == 1
     ((requests, _, in_run),) = of_the_run
     assert requests > sum(expected.values()) and in_run == 3
+
+
+def test_a_block_run_syncs_each_tenant_and_one_tenants_failure_spares_the_others(
+    conn, instance, sandbox
+):
+    """The twice-daily schedule's run over neighbouring tenants: each tenant's months land and
+    are materialized even when another tenant of the run fails; the run fails naming it, its
+    month is recorded failed, and no credential reaches the error."""
+    blocked = ("t_blk_a", "t_blk_b", "t_blk_c")
+    for tenant_id, account in zip(blocked, ("beta", "alpha", "gamma"), strict=True):
+        register(conn, tenant_id, account)
+    os.environ["TEST_T_BLK_B_TOKEN"] = "wrong-token-value-456"
+    instance.add_dynamic_partitions(tenants.name, list(blocked))
+    first, last = (months_ago(back).isoformat() for back in (21, 20))
+    result = dg.materialize(
+        [vtex_orders],
+        resources={"warehouse": WarehouseResource(), "vtex": vtex_for(sandbox)},
+        instance=instance,
+        raise_on_error=False,
+        tags={
+            RANGE_START_TAG: f"{first}|t_blk_a",
+            RANGE_END_TAG: f"{last}|t_blk_c",
+        },
+    )
+    assert not result.success
+    materialized = sorted(e.partition for e in result.get_asset_materialization_events())
+    assert materialized == sorted(f"{m}|{t}" for t in ("t_blk_a", "t_blk_c") for m in (first, last))
+    landed = dict(
+        conn.execute(
+            "SELECT tenant_id, count(*) FROM raw_vtex.orders WHERE tenant_id = ANY(%s) GROUP BY 1",
+            (list(blocked),),
+        ).fetchall()
+    )
+    for tenant_id, account in (("t_blk_a", "beta"), ("t_blk_c", "gamma")):
+        load_truth(conn, sandbox, account, "orders")
+        (expected,) = conn.execute(
+            "SELECT count(*) FROM truth WHERE (payload->>'creationDate')::timestamptz"
+            " >= %s::timestamp AT TIME ZONE 'UTC'"
+            " AND (payload->>'creationDate')::timestamptz < %s::timestamp AT TIME ZONE 'UTC'",
+            (months_ago(21), months_ago(19)),
+        ).fetchone()
+        assert landed[tenant_id] == expected > 0
+    assert "t_blk_b" not in landed
+    states = conn.execute(
+        "SELECT tenant_id, state FROM cdp.order_months WHERE tenant_id = ANY(%s)"
+        " AND month = %s ORDER BY 1",
+        (list(blocked), months_ago(21)),
+    ).fetchall()
+    assert states == [("t_blk_a", "reconciled"), ("t_blk_b", "failed"), ("t_blk_c", "reconciled")]
+    error = result.get_step_failure_events()[0].event_specific_data.error.to_string()
+    assert "orders could not be synced for t_blk_b: VtexAuthError" in error
+    assert "t_blk_a" not in error and "wrong-token-value-456" not in error
+    assert not any(secret in error for secret in credentials_for("alpha"))
 
 
 def test_a_tenant_added_without_a_history_start_starts_where_vtex_serves_orders(conn):
