@@ -23,7 +23,6 @@ from cdp_assets.activation.push_requests import (
 )
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.tenants.runs import (
-    QUEUED,
     run_tenants_of,
     runs_in_flight,
     tenants_with_partitions,
@@ -72,10 +71,11 @@ def pushes_in_flight(
       ends; no two runs push one tenant at once."""
     held: dict[dg.AssetKey, set[str]] = defaultdict(set)
     now = time.time()
-    for run in runs_in_flight(instance, activation_push.name):
+    for record in runs_in_flight(instance, activation_push.name):
+        run = record.dagster_run
         tenants = (
             set(partition_order)
-            if pushes_only_changes(run) and not _running_long(instance, run, now)
+            if pushes_only_changes(run) and not _running_long(record, now)
             else run_tenants_of(run, partition_order)
         )
         for asset_key in run.asset_selection or set(ASSET_BY_PLATFORM.values()):
@@ -89,12 +89,9 @@ def pushes_in_flight(
 CHANGES_PUSH_HOLDS_ALL = timedelta(minutes=15)
 
 
-def _running_long(instance: dg.DagsterInstance, run: dg.DagsterRun, now: float) -> bool:
+def _running_long(record: dg.RunRecord, now: float) -> bool:
     """Whether the run started over CHANGES_PUSH_HOLDS_ALL before `now` (epoch seconds)."""
-    if run.status in QUEUED:
-        return False
-    record = instance.get_run_record_by_id(run.run_id)
-    started = record.start_time if record else None
+    started = record.start_time
     return started is not None and now - started > CHANGES_PUSH_HOLDS_ALL.total_seconds()
 
 

@@ -84,7 +84,8 @@ def tenants_in_flight(
     inputs already."""
     queued: set[str] = set()
     started: set[str] = set()
-    for run in runs_in_flight(instance, job_name):
+    for record in runs_in_flight(instance, job_name):
+        run = record.dagster_run
         (queued if run.status in QUEUED else started).update(run_tenants_of(run, partition_order))
     return queued, started
 

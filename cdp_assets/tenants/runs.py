@@ -92,9 +92,11 @@ QUEUED = (dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED)
 STARTED = (dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED)
 
 
-def runs_in_flight(instance: dg.DagsterInstance, job_name: str) -> Sequence[dg.DagsterRun]:
-    """The job's runs queued or started."""
-    return instance.get_runs(filters=dg.RunsFilter(job_name=job_name, statuses=[*QUEUED, *STARTED]))
+def runs_in_flight(instance: dg.DagsterInstance, job_name: str) -> Sequence[dg.RunRecord]:
+    """The job's runs queued or started, with their start times."""
+    return instance.get_run_records(
+        filters=dg.RunsFilter(job_name=job_name, statuses=[*QUEUED, *STARTED])
+    )
 
 
 def run_tenants_of(run: dg.DagsterRun, partition_order: Sequence[str]) -> set[str]:

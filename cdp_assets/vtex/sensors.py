@@ -43,8 +43,8 @@ def due_feeds(
 
 def feed_runs_in_flight(instance: dg.DagsterInstance, partition_order: Sequence[str]) -> set[str]:
     """Tenants with a drain run queued or running (alone or in a block)."""
-    runs = runs_in_flight(instance, FEED_SYNC_JOB)
-    return set().union(*(run_tenants_of(run, partition_order) for run in runs))
+    records = runs_in_flight(instance, FEED_SYNC_JOB)
+    return set().union(*(run_tenants_of(r.dagster_run, partition_order) for r in records))
 
 
 def feed_block_requests(
