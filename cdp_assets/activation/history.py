@@ -14,6 +14,7 @@ from datetime import datetime, timedelta
 
 import dagster as dg
 import psycopg
+from dagster._core.storage.tags import WILL_RETRY_TAG
 from psycopg.types.json import Jsonb
 
 FINISHED = (dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED)
@@ -24,8 +25,9 @@ UNTRACKED_HOURS = 24
 
 def close_abandoned_runs(conn: psycopg.Connection, instance: dg.DagsterInstance) -> int:
     """Mark `abandoned` the rows still `running` whose Dagster run is over, and those open
-    for UNTRACKED_HOURS without a run the instance knows, each a failure of its destination
-    audience (`failures_in_a_row`); returns how many. Committed."""
+    for UNTRACKED_HOURS without a run the instance knows; returns how many. Those of runs that
+    failed for good, and those without a run, count as failures of their destination audience
+    (`failures_in_a_row`). Committed."""
     run_ids = [
         run_id
         for (run_id,) in conn.execute(
@@ -40,50 +42,60 @@ def close_abandoned_runs(conn: psycopg.Connection, instance: dg.DagsterInstance)
         for record in records
         if record.dagster_run.status in FINISHED
     }
-    # An abandoned sync counts as a failure of its destination audience, so one that hangs
-    # until run monitoring ends its runs rests as one that fails does; not when a sync of the
-    # audience completed after it started, nor for a dry run.
-    row = conn.execute(
+    closed = conn.execute(
         """
-        WITH closed AS (
-            UPDATE cdp.activation_runs SET status = 'abandoned', finished_at = now(),
-                   reason = CASE WHEN %(ended)s::jsonb ? dagster_run_id
-                       THEN 'Dagster run ' || dagster_run_id || ' ended ('
-                            || (%(ended)s::jsonb ->> dagster_run_id)
-                            || ') before this sync finished'
-                       ELSE 'no Dagster run in progress for this sync after '
-                            || %(hours)s || ' hours' END
-            WHERE status = 'running'
-              AND (%(ended)s::jsonb ? dagster_run_id
-                   OR (started_at < now() - make_interval(hours => %(hours)s)
-                       AND (dagster_run_id IS NULL OR dagster_run_id <> ALL(%(known)s::text[]))))
-            RETURNING destination_id, audience, started_at, dry_run
-        ),
-        failed AS (
-            SELECT destination_id, audience, count(*) AS syncs
-            FROM closed AS c
-            WHERE NOT c.dry_run
-              AND NOT EXISTS (
-                  SELECT 1 FROM cdp.activation_runs AS later
-                  WHERE later.destination_id = c.destination_id AND later.audience = c.audience
-                    AND later.status IN ('synced', 'failed') AND later.started_at > c.started_at
-              )
-            GROUP BY destination_id, audience
-        ),
-        counted AS (
-            UPDATE cdp.destination_audiences AS a
-               SET failures_in_a_row = a.failures_in_a_row + failed.syncs, last_failed_at = now()
-              FROM failed
-             WHERE a.destination_id = failed.destination_id AND a.audience = failed.audience
-        )
-        SELECT count(*) FROM closed
+        UPDATE cdp.activation_runs SET status = 'abandoned', finished_at = now(),
+               reason = CASE WHEN %(ended)s::jsonb ? dagster_run_id
+                   THEN 'Dagster run ' || dagster_run_id || ' ended ('
+                        || (%(ended)s::jsonb ->> dagster_run_id) || ') before this sync finished'
+                   ELSE 'no Dagster run in progress for this sync after '
+                        || %(hours)s || ' hours' END
+        WHERE status = 'running'
+          AND (%(ended)s::jsonb ? dagster_run_id
+               OR (started_at < now() - make_interval(hours => %(hours)s)
+                   AND (dagster_run_id IS NULL OR dagster_run_id <> ALL(%(known)s::text[]))))
+        RETURNING destination_id, audience, started_at, dry_run, dagster_run_id
         """,
         {"ended": Jsonb(ended), "known": known, "hours": UNTRACKED_HOURS},
-    ).fetchone()
-    assert row is not None
-    (closed,) = row
+    ).fetchall()
+    # A sync whose run failed for good (run monitoring ended it past its bound: a platform that
+    # hangs), or that no run of the instance's holds, is a failure of its destination audience,
+    # so one that hangs every time rests as one that fails does. Not a cancelled run's, nor a
+    # crashed run's that Dagster retries, nor a dry run's.
+    failed_for_good = {
+        record.dagster_run.run_id
+        for record in records
+        if record.dagster_run.status == dg.DagsterRunStatus.FAILURE
+        and record.dagster_run.tags.get(WILL_RETRY_TAG) != "true"
+    }
+    failures = [
+        (destination_id, audience, started_at)
+        for destination_id, audience, started_at, dry_run, run_id in closed
+        if not dry_run and (run_id in failed_for_good or run_id not in known)
+    ]
+    if failures:
+        destinations, audiences, started = (list(column) for column in zip(*failures, strict=True))
+        # Its own statement, so a sync completed meanwhile (which clears the count) is seen.
+        conn.execute(
+            """
+            UPDATE cdp.destination_audiences AS a
+               SET failures_in_a_row = a.failures_in_a_row + failed.syncs, last_failed_at = now()
+              FROM (SELECT c.destination_id, c.audience, count(*) AS syncs
+                      FROM unnest(%s::text[], %s::text[], %s::timestamptz[])
+                           AS c(destination_id, audience, started_at)
+                     WHERE NOT EXISTS (
+                           SELECT 1 FROM cdp.activation_runs AS later
+                           WHERE later.destination_id = c.destination_id
+                             AND later.audience = c.audience
+                             AND later.status IN ('synced', 'failed')
+                             AND later.started_at > c.started_at)
+                     GROUP BY 1, 2) AS failed
+             WHERE a.destination_id = failed.destination_id AND a.audience = failed.audience
+            """,
+            (destinations, audiences, started),
+        )
     conn.commit()
-    return closed
+    return len(closed)
 
 
 @dataclass(frozen=True)

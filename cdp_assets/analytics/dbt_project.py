@@ -102,6 +102,8 @@ UNCONNECTED_URL = "postgresql://unconnected/postgres"
 # target/): the project's own parse, which each of the platform's invocations starts from and
 # leaves its own in, and production's manifest, which `cdp dbt` defers to.
 PRODUCTION_STATE = DBT_PROJECT_DIR / dbt_project.target_path / "production"
+# Parses kept, the newest, one per database (kept_parse_name).
+KEPT_PARSES = 8
 
 
 def keep_parse(invocation_target: Path, env: Mapping[str, str]) -> None:
@@ -117,6 +119,18 @@ def keep_parse(invocation_target: Path, env: Mapping[str, str]) -> None:
     incoming = kept.with_name(f".{kept.name}.{uuid.uuid4().hex}")
     shutil.copyfile(parsed, incoming)
     os.replace(incoming, kept)
+    # One database is production's; more are a test suite's, each session on new ones.
+    parses = sorted(PRODUCTION_STATE.glob("partial_parse-*.msgpack"), key=_modified)
+    for stale in parses[:-KEPT_PARSES]:
+        stale.unlink(missing_ok=True)
+
+
+def _modified(path: Path) -> float:
+    """When `path` was last written; 0 when another process removed it meanwhile."""
+    try:
+        return path.stat().st_mtime
+    except FileNotFoundError:
+        return 0.0
 
 
 def refresh_production_state(env: Mapping[str, str]) -> Path:

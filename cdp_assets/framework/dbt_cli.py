@@ -2,6 +2,7 @@
 skipped where this project does not need it, and the command runs in a child forked from the
 step process (dbt_fork.py). Targets dagster-dbt 0.29.27 (see README.md of this folder)."""
 
+import contextlib
 import hashlib
 import os
 import shutil
@@ -101,7 +102,9 @@ class CdpDbtCliResource(DbtCliResource):
         kept = Path(self.kept_parses) / kept_parse_name(env) if self.kept_parses else None
         if kept is not None and kept.exists():
             target_path.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(kept, target_path / PARTIAL_PARSE)
+            # Another process may have pruned it since (keep_parse): dbt then parses whole.
+            with contextlib.suppress(FileNotFoundError):
+                shutil.copyfile(kept, target_path / PARTIAL_PARSE)
         command = [
             self.dbt_executable,
             *self.global_config_flags,

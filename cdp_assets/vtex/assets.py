@@ -260,12 +260,13 @@ def _sync_tenant(
         synced.error = error
 
 
-def _record_tenants_synced(
-    context: dg.AssetExecutionContext, done: list[TenantSync]
+def _record_months_landed(
+    context: dg.AssetExecutionContext, synced: list[TenantSync]
 ) -> Iterator[dg.AssetMaterialization]:
-    """The months of the tenants that completed, materialized though the run fails: their
-    cursors moved already, so what they landed must not wait for the failed tenants."""
-    for tenant in done:
+    """The months that landed, materialized though the run fails (a failed tenant's earlier
+    months too): their cursors moved already, so what they landed must not wait for the
+    failed months."""
+    for tenant in synced:
         for month, landed in tenant.landed.items():
             yield dg.AssetMaterialization(
                 context.asset_key, partition=_month_key(tenant.tenant_id, month), metadata=landed
@@ -350,7 +351,7 @@ def vtex_orders(
             if tenant.client is not None:
                 run.count_requests(tenant.client)
         if len(done) < len(synced):
-            yield from _record_tenants_synced(context, done)
+            yield from _record_months_landed(context, synced)
             _raise_for(synced)
     for tenant in done:
         for month, landed in tenant.landed.items():

@@ -27,7 +27,8 @@ vtex_orders_sync = dg.define_asset_job(
     ORDERS_SYNC_JOB,
     selection=[vtex_orders],
     partitions_def=tenant_months,
-    description="Orders of one tenant and month (or a range of months).",
+    description="Orders of one tenant and month, a range of its months, or the recent months of"
+    " a block of neighbouring tenants.",
     tags=run_bound(ORDERS_SYNC_JOB),
 )
 vtex_orders_feed_sync = dg.define_asset_job(

@@ -14,8 +14,8 @@ queued, so what is measured is creating and judging them, not syncing fake store
   running, the steady cost;
 - the orders schedule's tick as the daemon records it (its tick row, created when the tick
   starts, and the tick's end): the schedule is stored as started just before its latest
-  due time, so the daemon ticks it as soon as it starts, creating a queued run per block of
-  neighbouring tenants (one here: every tenant is active), each tenant's months planned;
+  due time, so the daemon ticks it as soon as it starts, creating the queued runs over the
+  block of every tenant (10 tenants a run at most), each tenant's months planned;
 - the automation sensor's ticks as the daemon records them: the first (no cursor: every
   tenant's analytics judged from scratch) and the next, once the orders runs are queued;
 - the peak RSS of the daemon, the webserver and the code server, sampled while they run;
