@@ -17,9 +17,8 @@ from cdp_assets.framework.dagster_storage import storage_config
 from cdp_assets.lib.database import database_url, sqlalchemy_url, with_database
 from cdp_assets.lib.warehouse import migrated_url
 
-# The suite waits mostly on processes (Dagster runs, dbt, sandboxes), so it runs on three
-# xdist workers (`-n 3` in pyproject.toml), more than a 2-core machine's cores: a third of the
-# time sooner than two. A worker takes a test file whole, so the file's module
+# The suite waits mostly on processes (Dagster runs, dbt, sandboxes), so it runs on four
+# xdist workers (`-n 4` in pyproject.toml), more than a 2-core machine's cores. A worker takes a test file whole, so the file's module
 # fixtures are built once; files that share a session fixture go to one worker together. The
 # longest files are handed out first, so the workers finish together.
 SAME_WORKER = {  # file -> the session fixture it shares
