@@ -18,9 +18,10 @@ from cdp_assets.lib.database import database_url, sqlalchemy_url, with_database
 from cdp_assets.lib.warehouse import migrated_url
 
 # The suite waits mostly on processes (Dagster runs, dbt, sandboxes), so it runs on four
-# xdist workers (`-n 4` in pyproject.toml), more than a 2-core machine's cores. A worker takes a test file whole, so the file's module
-# fixtures are built once; files that share a session fixture go to one worker together. The
-# longest files are handed out first, so the workers finish together.
+# xdist workers (`-n 4` in pyproject.toml), more than a 2-core machine's cores. A worker takes
+# a test file whole, so the file's module fixtures are built once; files that share a session
+# fixture go to one worker together. The longest files are handed out first, so the workers
+# finish together.
 SAME_WORKER = {  # file -> the session fixture it shares
     "test_tenant_isolation.py": "shared_pipeline",
     "test_secrets_and_pii.py": "shared_pipeline",
