@@ -34,11 +34,16 @@ RANGE_END_TAG = "dagster/asset_partition_range_end"
 TENANT_RUN_TAG = "cdp/tenant"
 
 
+def tenant_month_key(tenant_id: str, month: str) -> dg.MultiPartitionKey:
+    """The `tenant_months` partition of one tenant's month."""
+    return dg.MultiPartitionKey({"tenant": tenant_id, "month": month})
+
+
 def tenant_month_range_tags(tenant_id: str, first_month: str, last_month: str) -> dict[str, str]:
     """Tags for one run over months `first_month`..`last_month` of one tenant's orders."""
     return {
-        RANGE_START_TAG: dg.MultiPartitionKey({"tenant": tenant_id, "month": first_month}),
-        RANGE_END_TAG: dg.MultiPartitionKey({"tenant": tenant_id, "month": last_month}),
+        RANGE_START_TAG: tenant_month_key(tenant_id, first_month),
+        RANGE_END_TAG: tenant_month_key(tenant_id, last_month),
         TENANT_RUN_TAG: tenant_id,
     }
 

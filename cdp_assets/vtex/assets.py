@@ -26,7 +26,7 @@ from cdp_assets.lib.sync_state import (
     set_cursor,
 )
 from cdp_assets.lib.warehouse import WarehouseResource
-from cdp_assets.partitions import order_months, tenant_months, tenants
+from cdp_assets.partitions import order_months, tenant_month_key, tenant_months, tenants
 from cdp_assets.tenants.registry import (
     Tenant,
     get_tenant,
@@ -228,10 +228,6 @@ class TenantSync:
             self.client.stop()
 
 
-def _month_key(tenant_id: str, month: str) -> dg.MultiPartitionKey:
-    return dg.MultiPartitionKey({"tenant": tenant_id, "month": month})
-
-
 def _sync_tenant(
     context: dg.AssetExecutionContext,
     config: OrdersSyncConfig,
@@ -269,7 +265,9 @@ def _record_months_landed(
     for tenant in synced:
         for month, landed in tenant.landed.items():
             yield dg.AssetMaterialization(
-                context.asset_key, partition=_month_key(tenant.tenant_id, month), metadata=landed
+                context.asset_key,
+                partition=tenant_month_key(tenant.tenant_id, month),
+                metadata=landed,
             )
 
 
@@ -277,8 +275,6 @@ def _raise_for(synced: list[TenantSync]) -> None:
     """A run of one tenant fails with its error as it was; a run of several with one naming
     each tenant that failed. The step retries (every tenant of the run) when an error may pass."""
     failed = {t.tenant_id: t.error for t in synced if t.error is not None}
-    if not failed:
-        return
     if len(synced) == 1:
         raise next(iter(failed.values()))
     reasons = "; ".join(
@@ -355,7 +351,9 @@ def vtex_orders(
             _raise_for(synced)
     for tenant in done:
         for month, landed in tenant.landed.items():
-            context.add_asset_metadata(landed, partition_key=_month_key(tenant.tenant_id, month))
+            context.add_asset_metadata(
+                landed, partition_key=tenant_month_key(tenant.tenant_id, month)
+            )
     unread = sum(int(landed["orders_unread"]) for t in done for landed in t.landed.values())
     if unread:
         context.log.warning(

@@ -18,6 +18,7 @@ from cdp_assets.partitions import (
     TENANT_RUN_TAG,
     TIMEZONE,
     order_months,
+    tenant_month_key,
     tenant_month_range_tags,
 )
 from cdp_assets.tenants.registry import Tenant
@@ -75,11 +76,11 @@ def order_sync_requests(
         tags: dict[str, str]
         if first != last:
             tags = {
-                RANGE_START_TAG: dg.MultiPartitionKey({"tenant": first, "month": months[0]}),
-                RANGE_END_TAG: dg.MultiPartitionKey({"tenant": last, "month": months[-1]}),
+                RANGE_START_TAG: tenant_month_key(first, months[0]),
+                RANGE_END_TAG: tenant_month_key(last, months[-1]),
             }
         elif len(months) == 1:
-            partition_key = dg.MultiPartitionKey({"tenant": first, "month": months[0]})
+            partition_key = tenant_month_key(first, months[0])
             tags = {TENANT_RUN_TAG: first}
         else:
             tags = tenant_month_range_tags(first, months[0], months[-1])
@@ -100,9 +101,7 @@ def order_sync_requests(
             requests.append(
                 dg.RunRequest(
                     run_key=f"{tenant.tenant_id}|{month}|{moment:%Y%m%d%H%M}",
-                    partition_key=dg.MultiPartitionKey(
-                        {"tenant": tenant.tenant_id, "month": month}
-                    ),
+                    partition_key=tenant_month_key(tenant.tenant_id, month),
                     tags={REPAIR_TAG: "true", TENANT_RUN_TAG: tenant.tenant_id},
                 )
             )
