@@ -488,14 +488,16 @@ def vtex_orders_feed(
         # would announce the orders they landed. A failed tenant's events stay queued.
         for tenant_id, drain in drains.items():
             yield dg.AssetMaterialization(
-                context.asset_key, partition=tenant_id, metadata=drains_metadata({tenant_id: drain})
+                context.asset_key, partition=tenant_id, metadata=drain_metadata(tenant_id, drain)
             )
         reasons = "; ".join(f"{tenant_id}: {reason}" for tenant_id, reason in failed.items())
         raise dg.Failure(
             f"the orders feed could not be drained for {reasons}",
             metadata={"tenants_failed": dg.MetadataValue.json(sorted(failed))},
         )
-    yield dg.MaterializeResult(metadata=drains_metadata(drains))
+    for tenant_id, drain in drains.items():
+        context.add_asset_metadata(drain_metadata(tenant_id, drain), partition_key=tenant_id)
+    yield dg.MaterializeResult()
 
 
 def _drain_tenant(
@@ -510,22 +512,10 @@ def _drain_tenant(
         return f"{type(error).__name__}: {str(error)[:300]}"
 
 
-def drains_metadata(drains: dict[str, FeedDrain]) -> dict:
-    """One drain's metadata; for several, their counts added up (the oldest event's age: the
-    oldest of them). `tenants_landed` names the tenants whose drain changed rows: what the
-    refresh after the feed reads (each tenant of a run records the same metadata)."""
-    totals: dict = {}
-    for drain in drains.values():
-        for key, value in drain.metadata().items():
-            if key == "feed_oldest_event_age_seconds":
-                totals[key] = max(totals.get(key, 0), value)
-            elif isinstance(value, bool):
-                totals[key] = totals.get(key, False) or value
-            else:
-                totals[key] = totals.get(key, 0) + value
-    landed = sorted(
-        tenant_id
-        for tenant_id, drain in drains.items()
-        if drain.landing.counts.inserted or drain.landing.counts.updated
-    )
-    return {**totals, TENANTS_LANDED: dg.MetadataValue.json(landed)}
+def drain_metadata(tenant_id: str, drain: FeedDrain) -> dict:
+    """A tenant's drain, on its own partition (a block run records each tenant's counts, not
+    the run's). `tenants_landed` names the tenant when its drain changed rows: what the refresh
+    after the feed reads."""
+    counts = drain.landing.counts
+    landed = [tenant_id] if counts.inserted or counts.updated else []
+    return {**drain.metadata(), TENANTS_LANDED: dg.MetadataValue.json(landed)}

@@ -37,7 +37,7 @@ from cdp_assets.lib.dagster_home import apply_pool_limits
 from cdp_assets.lib.database import database_url, sqlalchemy_url, with_database
 from cdp_assets.lib.warehouse import migrated_url
 from cdp_assets.tenants.registry import Tenant, add_tenant
-from cdp_assets.vtex.assets import MONTH_FIGURES
+from cdp_assets.vtex.assets import MONTH_FIGURES, vtex_orders_feed
 from cdp_devkit.bench.measure import peak_rss_mb, rss_mb
 from cdp_devkit.bench.scales import Scale
 from cdp_devkit.sandbox import SandboxProcess, StoreSpec, history_end_today
@@ -113,9 +113,10 @@ class RunRecord:
 
 
 def _numeric_metadata(result: dg.ExecuteInProcessResult) -> dict[str, dict[str, float]]:
-    """Numeric metadata per asset. A run over a range of partitions records one
-    materialization per partition: MONTH_FIGURES are added up, and every other figure is
-    the whole run's on each of them, so the first is kept."""
+    """Numeric metadata per asset. A run over several partitions records one materialization
+    per partition: the figures of each partition's own (MONTH_FIGURES of a month of orders,
+    every figure of a tenant's feed drain) are added up; any other figure is the whole run's
+    on each of them, so the first is kept."""
     by_asset: dict[str, dict[str, float]] = {}
     for event in result.get_asset_materialization_events():
         key = event.asset_key.to_user_string()
@@ -128,9 +129,10 @@ def _numeric_metadata(result: dg.ExecuteInProcessResult) -> dict[str, dict[str, 
         if key not in by_asset:
             by_asset[key] = figures
             continue
-        for name in MONTH_FIGURES:
+        own = figures if key == vtex_orders_feed.key.to_user_string() else MONTH_FIGURES
+        for name in own:
             if name in figures:
-                by_asset[key][name] += figures[name]
+                by_asset[key][name] = by_asset[key].get(name, 0) + figures[name]
     return by_asset
 
 

@@ -53,6 +53,8 @@ ACCOUNTS = (
     "feedfail5xx",
     "feedfailbody",
     "feedobject",
+    "feedowna",
+    "feedownb",
     "feedblocka",
     "feedblockb",
     "feedcurrent",
@@ -281,6 +283,38 @@ def test_events_of_a_failed_drain_stay_queued_and_land_on_the_next_run(conn, ins
         sandbox, "feedretry", order_ids
     )
     assert client.feed_config()["quantity"] == 0
+
+
+def test_a_block_drain_records_each_tenants_own_counts(conn, instance, sandbox):
+    """One run drains two neighbouring tenants: each tenant's partition records its own
+    drain (what it landed, the events it committed), not the run's totals, and names only
+    itself as landed."""
+    larger, smaller = "t_feed_own_a", "t_feed_own_b"
+    enable_feed(conn, sandbox, register(conn, larger, "feedowna"))
+    enable_feed(conn, sandbox, register(conn, smaller, "feedownb"))
+    change_orders(sandbox, "feedowna", changed=4, new=2)
+    change_orders(sandbox, "feedownb", changed=1, new=1)
+    instance.add_dynamic_partitions(tenants.name, [larger, smaller])  # neighbours: one range
+    block = dg.materialize(
+        [vtex_orders_feed],
+        instance=instance,
+        tags={RANGE_START_TAG: larger, RANGE_END_TAG: smaller},
+        resources={"warehouse": WarehouseResource(), "vtex": vtex_for(sandbox)},
+    )
+
+    recorded = {
+        event.materialization.partition: event.materialization.metadata
+        for event in block.get_asset_materialization_events()
+    }
+    assert sorted(recorded) == [larger, smaller]
+    # Never synced before: every order the feed announced is new to the warehouse.
+    assert recorded[larger]["rows_inserted"].value == 4 + 2
+    assert recorded[smaller]["rows_inserted"].value == 1 + 1
+    committed = {t: recorded[t]["handles_committed"].value for t in recorded}
+    assert committed[larger] > committed[smaller] > 0
+    assert committed[larger] == recorded[larger]["feed_events"].value
+    assert recorded[larger][TENANTS_LANDED].value == [larger]
+    assert recorded[smaller][TENANTS_LANDED].value == [smaller]
 
 
 def test_a_failed_drain_in_a_block_leaves_the_others_landed_and_recorded(conn, instance, sandbox):
