@@ -1,4 +1,5 @@
-"""Failed runs as rows of `cdp.sync_errors`: which tenant, which assets, what went wrong.
+"""Failed runs as rows of `cdp.sync_errors`: which tenant, which assets, what went wrong (a
+run over several tenants: a row per tenant it failed for).
 
 Building a row is a plain function of the run, its failure event and the assets it left
 unmaterialized, so it is tested on real failed runs without a daemon.
@@ -7,8 +8,9 @@ unmaterialized, so it is tested on real failed runs without a daemon.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections import defaultdict
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import TYPE_CHECKING
 
@@ -125,19 +127,40 @@ def sync_error_from_run(
     )
 
 
-def failed_assets(instance: dg.DagsterInstance, run_id: str) -> list[str]:
-    """Assets (as `a/b` strings) the run planned for some partition it did not materialize."""
+def failed_partitions(instance: dg.DagsterInstance, run_id: str) -> dict[str, set[str | None]]:
+    """Assets (as `a/b` strings) the run planned and did not materialize, with those of their
+    partitions (None for an unpartitioned asset)."""
     planned = instance.get_asset_partitions_for_run(
         run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION_PLANNED
     )
     done = instance.get_asset_partitions_for_run(
         run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION
     )
-    return sorted(
-        key.to_user_string()
+    left = {
+        key.to_user_string(): set(partitions) - set(done.get(key, ()))
         for key, partitions in planned.items()
-        if set(partitions) - set(done.get(key, ()))
-    )
+    }
+    return {asset: partitions for asset, partitions in left.items() if partitions}
+
+
+def per_tenant(error: SyncError, failed: Mapping[str, Collection[str | None]]) -> list[SyncError]:
+    """A run over several tenants (a block) that left some of their partitions unmaterialized:
+    a row per such tenant, with its own assets, so that each tenant's latest error is its own.
+    Any other run: its one row."""
+    if error.tenant_id is not None:
+        return [error]
+    assets_of: dict[str, set[str]] = defaultdict(set)
+    for asset, partitions in failed.items():
+        for partition in partitions:
+            tenant = tenant_of_partition_key(partition) if partition else None
+            if tenant is not None:
+                assets_of[tenant].add(asset)
+    if not assets_of:
+        return [error]
+    return [
+        replace(error, tenant_id=tenant, asset_keys=tuple(sorted(assets)))
+        for tenant, assets in sorted(assets_of.items())
+    ]
 
 
 _COLUMNS = (
@@ -146,25 +169,29 @@ _COLUMNS = (
 )
 
 
-def record_sync_error(conn: psycopg.Connection, error: SyncError) -> bool:
-    """Store the row unless its run is already there; True when it was stored now."""
+def record_sync_errors(conn: psycopg.Connection, errors: Sequence[SyncError]) -> int:
+    """Store a run's rows, but those already there (one per run and tenant); how many were
+    stored now."""
+    stored = 0
     with conn.transaction():
-        inserted = conn.execute(
-            f"INSERT INTO cdp.sync_errors ({_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)"
-            " ON CONFLICT (run_id) DO NOTHING",
-            (
-                error.run_id,
-                error.job_name,
-                error.tenant_id,
-                list(error.asset_keys),
-                error.partition_key,
-                error.error_type,
-                error.message,
-                error.step_key,
-                error.occurred_at,
-            ),
-        ).rowcount
-    return inserted == 1
+        for error in errors:
+            stored += conn.execute(
+                f"INSERT INTO cdp.sync_errors ({_COLUMNS})"
+                " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)"
+                " ON CONFLICT (run_id, (coalesce(tenant_id, ''))) DO NOTHING",
+                (
+                    error.run_id,
+                    error.job_name,
+                    error.tenant_id,
+                    list(error.asset_keys),
+                    error.partition_key,
+                    error.error_type,
+                    error.message,
+                    error.step_key,
+                    error.occurred_at,
+                ),
+            ).rowcount
+    return stored
 
 
 def latest_errors(

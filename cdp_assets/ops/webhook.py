@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import requests
 
@@ -16,7 +16,8 @@ WEBHOOK_ENV = "CDP_ALERT_WEBHOOK_URL"
 UI_URL_ENV = "CDP_UI_URL"
 # The sensor tick waits for it: a slow (or dripping) webhook must not stall the daemon.
 DEADLINES = Deadlines(connect_seconds=5, read_seconds=5, total_seconds=10)
-MAX_ASSETS_LISTED = 5
+# Tenants or assets named in an alert; the rest are counted.
+MAX_LISTED = 5
 
 
 def run_link(run_id: str, ui_url: str | None) -> str:
@@ -24,15 +25,22 @@ def run_link(run_id: str, ui_url: str | None) -> str:
     return f"{ui_url.rstrip('/')}/runs/{run_id}" if ui_url else f"run {run_id}"
 
 
-def alert_payload(error: SyncError, ui_url: str | None = None) -> dict[str, str]:
-    """`{"text": ...}`, which Slack, Mattermost, Rocket.Chat and Google Chat all accept. Built
-    from the stored row only, so the message is already redacted and truncated; it links to
-    the run when the UI's address (`ui_url`) is known."""
-    scope = [f"tenant {error.tenant_id}" if error.tenant_id else "no single tenant"]
-    if error.asset_keys:
-        listed = ", ".join(error.asset_keys[:MAX_ASSETS_LISTED])
-        more = len(error.asset_keys) - MAX_ASSETS_LISTED
-        scope.append(listed + (f" and {more} more" if more > 0 else ""))
+def alert_payload(errors: Sequence[SyncError], ui_url: str | None = None) -> dict[str, str]:
+    """`{"text": ...}`, which Slack, Mattermost, Rocket.Chat and Google Chat all accept: one
+    alert for a failed run's rows (a row per tenant it failed for). Built from the stored rows
+    only, so the message is already redacted and truncated; it links to the run when the UI's
+    address (`ui_url`) is known."""
+    error = errors[0]
+    tenants = [e.tenant_id for e in errors if e.tenant_id]
+    if len(tenants) == 1:
+        scope = [f"tenant {tenants[0]}"]
+    elif tenants:
+        scope = [f"tenants {_listed(tenants)}"]
+    else:
+        scope = ["no single tenant"]
+    asset_keys = sorted({key for e in errors for key in e.asset_keys})
+    if asset_keys:
+        scope.append(_listed(asset_keys))
     if error.partition_key:
         scope.append(f"partition {error.partition_key}")
     where = f"job {error.job_name}" + (f", step {error.step_key}" if error.step_key else "")
@@ -42,6 +50,11 @@ def alert_payload(error: SyncError, ui_url: str | None = None) -> dict[str, str]
         f"{where}, {run_link(error.run_id, ui_url)}"
     )
     return {"text": text}
+
+
+def _listed(names: Sequence[str]) -> str:
+    more = len(names) - MAX_LISTED
+    return ", ".join(names[:MAX_LISTED]) + (f" and {more} more" if more > 0 else "")
 
 
 def post_alert(

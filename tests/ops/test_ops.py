@@ -27,12 +27,19 @@ from cdp_assets.ops.sensors import sync_errors_sensor
 from cdp_assets.ops.status import collect_status, render_text, status_json, watched_assets
 from cdp_assets.ops.sync_errors import (
     MAX_MESSAGE,
-    failed_assets,
+    failed_partitions,
+    latest_errors,
     sync_error_from_run,
     tenant_from_tags,
 )
 from cdp_assets.ops.webhook import UI_URL_ENV, WEBHOOK_ENV, alert_payload, post_alert
-from cdp_assets.partitions import tenant_month_range_tags, tenant_months, tenants
+from cdp_assets.partitions import (
+    RANGE_END_TAG,
+    RANGE_START_TAG,
+    tenant_month_range_tags,
+    tenant_months,
+    tenants,
+)
 from cdp_assets.tenants.registry import Tenant, add_tenant, set_active
 
 TOKEN_VAR, TOKEN = "OPS_TEST_APP_TOKEN", "tok-3f9a7c1e55d2"
@@ -56,6 +63,13 @@ def failing_orders() -> None:
     raise SyncBrokeError("orders listing failed: " + "x" * 2000)
 
 
+@dg.asset(name="vtex_skus", partitions_def=tenants)
+def skus_of_the_first_tenant_only(context) -> Iterator:
+    """A run over a block of tenants that lands the first and fails for the others."""
+    yield dg.AssetMaterialization(context.asset_key, partition=context.partition_keys[0])
+    raise SyncBrokeError(RAISED)
+
+
 @dg.asset(name="vtex_products", partitions_def=tenants)
 def working_products() -> dg.MaterializeResult:
     return dg.MaterializeResult()
@@ -73,6 +87,22 @@ def tenant(warehouse_url: str, instance: dg.DagsterInstance) -> Iterator[str]:
     instance.delete_dynamic_partition(tenants.name, tenant_id)
     with psycopg.connect(warehouse_url) as conn:
         set_active(conn, tenant_id, False)
+
+
+@pytest.fixture
+def neighbours(warehouse_url: str, instance: dg.DagsterInstance) -> Iterator[list[str]]:
+    """Three new active tenants whose partitions are neighbours (a block a run covers)."""
+    block = [f"ops_{uuid.uuid4().hex[:8]}_{i}" for i in range(3)]
+    with psycopg.connect(warehouse_url) as conn:
+        for tenant_id in block:
+            add_tenant(conn, Tenant(tenant_id, "opsshop", "OPS_KEY", "OPS_TOKEN"))
+    instance.add_dynamic_partitions(tenants.name, block)
+    yield block
+    for tenant_id in block:
+        instance.delete_dynamic_partition(tenants.name, tenant_id)
+    with psycopg.connect(warehouse_url) as conn:
+        for tenant_id in block:
+            set_active(conn, tenant_id, False)
 
 
 @pytest.fixture
@@ -176,7 +206,7 @@ def test_a_range_run_over_one_tenants_months_gives_that_tenant_and_a_truncated_m
     error = sync_error_from_run(
         run,
         result.get_run_failure_event(),
-        failed_assets(instance, run.run_id),
+        failed_partitions(instance, run.run_id),
         datetime.now(UTC),
     )
     assert error.tenant_id == tenant
@@ -189,7 +219,7 @@ def test_a_range_run_over_one_tenants_months_gives_that_tenant_and_a_truncated_m
 
 def test_only_the_assets_a_run_left_unmaterialized_are_blamed(instance, tenant):
     result = _fail(instance, working_products, failing_skus, partition_key=tenant)
-    assert failed_assets(instance, result.dagster_run.run_id) == ["vtex_skus"]
+    assert failed_partitions(instance, result.dagster_run.run_id) == {"vtex_skus": {tenant}}
 
 
 @pytest.mark.parametrize(
@@ -253,6 +283,36 @@ def test_the_sensor_posts_each_failure_once_to_the_webhook(
     assert TOKEN not in json.dumps(received) and "hunter22" not in json.dumps(received)
 
 
+def test_a_block_run_is_recorded_for_each_tenant_it_failed_for(
+    instance, conn, warehouse_url, neighbours, secret_env, webhook, monkeypatch
+):
+    """A run over three neighbouring tenants lands the first and fails for the other two: a
+    row for each of those two (their latest error is their own in `cdp status`), none for the
+    first, and one alert naming both."""
+    url, received = webhook
+    monkeypatch.setenv(WEBHOOK_ENV, url)
+    first, *failed = neighbours
+    span = {RANGE_START_TAG: first, RANGE_END_TAG: failed[-1]}
+    result = _fail(instance, skus_of_the_first_tenant_only, tags=span)
+    run_id = result.dagster_run.run_id
+
+    _evaluate_sensor(instance, result, warehouse_url)
+    _evaluate_sensor(instance, result, warehouse_url)  # already recorded: no second row or alert
+
+    job = "__ephemeral_asset_job__"
+    partition = f"{first}..{failed[-1]}"
+    assert sorted(_rows(conn, run_id)) == [
+        (tenant_id, job, ["vtex_skus"], partition, "SyncBrokeError", REDACTED, "vtex_skus")
+        for tenant_id in failed
+    ]
+    assert set(latest_errors(conn, neighbours, ["vtex_skus"])) == {
+        (tenant_id, "vtex_skus") for tenant_id in failed
+    }
+    assert [text["text"].splitlines()[0] for _, text in received] == [
+        f"cdp run failed: tenants {failed[0]}, {failed[1]}; vtex_skus; partition {partition}"
+    ]
+
+
 def test_a_webhook_that_is_down_or_refuses_never_fails_the_sensor(
     instance, conn, warehouse_url, tenant, secret_env, webhook, monkeypatch, caplog
 ):
@@ -263,9 +323,11 @@ def test_a_webhook_that_is_down_or_refuses_never_fails_the_sensor(
 
     url, _ = webhook
     payload = alert_payload(
-        sync_error_from_run(
-            result.dagster_run, result.get_run_failure_event(), ["vtex_skus"], datetime.now(UTC)
-        )
+        [
+            sync_error_from_run(
+                result.dagster_run, result.get_run_failure_event(), ["vtex_skus"], datetime.now(UTC)
+            )
+        ]
     )
     log = logging.getLogger("test_ops")
     with caplog.at_level(logging.WARNING, logger="test_ops"):
