@@ -92,7 +92,8 @@ def tenant(warehouse_url: str, instance: dg.DagsterInstance) -> Iterator[str]:
 @pytest.fixture
 def neighbours(warehouse_url: str, instance: dg.DagsterInstance) -> Iterator[list[str]]:
     """Three new active tenants whose partitions are neighbours (a block a run covers)."""
-    block = [f"ops_{uuid.uuid4().hex[:8]}_{i}" for i in range(3)]
+    prefix = f"ops_{uuid.uuid4().hex[:8]}"
+    block = [f"{prefix}_{i}" for i in range(3)]
     with psycopg.connect(warehouse_url) as conn:
         for tenant_id in block:
             add_tenant(conn, Tenant(tenant_id, "opsshop", "OPS_KEY", "OPS_TOKEN"))
