@@ -15,7 +15,7 @@ from __future__ import annotations
 import queue
 import threading
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 
@@ -296,6 +296,16 @@ def _changed(
 
 # Set by Dagster on the runs a sensor launches: the pushes of changes and the verdict polls.
 SENSOR_TAG = "dagster/sensor_name"
+# Set by Dagster on a re-execution of a run (by hand, or by its automatic retries, which also
+# carry their number): a re-execution copies the run's tags, the sensor's name included.
+PARENT_RUN_TAG = "dagster/parent_run_id"
+RETRY_NUMBER_TAG = "dagster/retry_number"
+
+
+def launched_by_sensor(tags: Mapping[str, str]) -> bool:
+    """Whether a run is a sensor's: launched by it, or retried automatically after it. A run
+    re-executed by hand is a person's, though it carries the sensor's name."""
+    return SENSOR_TAG in tags and (PARENT_RUN_TAG not in tags or RETRY_NUMBER_TAG in tags)
 
 
 def _awake(targets: list[DestinationAudience]) -> tuple[list[DestinationAudience], list[str]]:
@@ -340,8 +350,8 @@ def activate(
         if config.changed_only:
             targets, already_synced = _changed(conn, targets, adapter)
         # A sensor's push leaves alone what keeps failing; the 48-hour push and a push
-        # started by hand try it whatever.
-        by_sensor = SENSOR_TAG in context.run.tags
+        # started (or re-executed) by hand try it whatever.
+        by_sensor = launched_by_sensor(context.run.tags)
         resting: list[str] = []
         if by_sensor:
             targets, resting = _awake(targets)

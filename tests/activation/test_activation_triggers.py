@@ -350,8 +350,12 @@ def test_a_destination_audience_that_keeps_failing_rests_between_pushes_of_chang
                 "meta": MetaResource(graph_url=meta.graph_url),
             }
 
-            def push_changes(by_sensor: bool = True) -> dg.ExecuteInProcessResult:
-                """A push of changes as the change sensor launches it, or by hand."""
+            def push_changes(
+                by_sensor: bool = True, reexecuting: dict[str, str] | None = None
+            ) -> dg.ExecuteInProcessResult:
+                """A push of changes as the change sensor launches it, or by hand; as a
+                re-execution of another run with `reexecuting`'s tags."""
+                sensor = {"dagster/sensor_name": "audience_changes_sensor"} if by_sensor else {}
                 return dg.materialize(
                     [meta_custom_audiences],
                     partition_key=tenant,
@@ -360,7 +364,7 @@ def test_a_destination_audience_that_keeps_failing_rests_between_pushes_of_chang
                     run_config={
                         "ops": {"meta_custom_audiences": {"config": {"changed_only": True}}}
                     },
-                    tags={"dagster/sensor_name": "audience_changes_sensor"} if by_sensor else {},
+                    tags={**sensor, **(reexecuting or {})},
                     raise_on_error=False,
                 )
 
@@ -460,3 +464,16 @@ def test_a_destination_audience_that_keeps_failing_rests_between_pushes_of_chang
             assert push_changes().success
             assert failing()[0] == 0
             assert not destination_problems(conn, [tenant], datetime.now(UTC))
+
+            # Resting again: the sensor's run, retried automatically, leaves it alone; the same
+            # run re-executed by hand (with the sensor's name among the tags it copies) tries it.
+            os.environ.pop("TRIG_REST")
+            set_members(conn, tenant, range(30, 230))
+            failed_push = push_changes()
+            assert not failed_push.success and failing()[0] == 1
+            before = tried()
+            parent = {"dagster/parent_run_id": failed_push.run_id}
+            retried = push_changes(reexecuting={**parent, "dagster/retry_number": "1"})
+            assert retried.success and tried() == before
+            assert not push_changes(reexecuting=parent).success
+            assert tried() == before + 1 and failing()[0] == 2
