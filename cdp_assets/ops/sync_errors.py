@@ -145,22 +145,21 @@ def failed_partitions(instance: dg.DagsterInstance, run_id: str) -> dict[str, se
 
 def per_tenant(error: SyncError, failed: Mapping[str, Collection[str | None]]) -> list[SyncError]:
     """A run over several tenants (a block) that left some of their partitions unmaterialized:
-    a row per such tenant, with its own assets, so that each tenant's latest error is its own.
-    Any other run: its one row."""
+    a row per such tenant, with its own assets, so that each tenant's latest error is its own
+    (and a row without a tenant for assets of none). Any other run: its one row."""
     if error.tenant_id is not None:
         return [error]
-    assets_of: dict[str, set[str]] = defaultdict(set)
+    assets_of: dict[str | None, set[str]] = defaultdict(set)
     for asset, partitions in failed.items():
         for partition in partitions:
-            tenant = tenant_of_partition_key(partition) if partition else None
-            if tenant is not None:
-                assets_of[tenant].add(asset)
-    if not assets_of:
+            assets_of[tenant_of_partition_key(partition) if partition else None].add(asset)
+    tenants = sorted(t for t in assets_of if t is not None)
+    if not tenants:
         return [error]
-    return [
-        replace(error, tenant_id=tenant, asset_keys=tuple(sorted(assets)))
-        for tenant, assets in sorted(assets_of.items())
-    ]
+    rows = [replace(error, tenant_id=t, asset_keys=tuple(sorted(assets_of[t]))) for t in tenants]
+    if None in assets_of:  # assets of no tenant's: a row of their own
+        rows.append(replace(error, asset_keys=tuple(sorted(assets_of[None]))))
+    return rows
 
 
 _COLUMNS = (
@@ -170,8 +169,8 @@ _COLUMNS = (
 
 
 def record_sync_errors(conn: psycopg.Connection, errors: Sequence[SyncError]) -> int:
-    """Store a run's rows, but those already there (one per run and tenant); how many were
-    stored now."""
+    """Store a run's rows, except those already there (one per run and tenant); how many
+    were stored now."""
     stored = 0
     with conn.transaction():
         for error in errors:

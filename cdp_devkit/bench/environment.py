@@ -115,8 +115,8 @@ class RunRecord:
 def _numeric_metadata(result: dg.ExecuteInProcessResult) -> dict[str, dict[str, float]]:
     """Numeric metadata per asset. A run over several partitions records one materialization
     per partition: the figures of each partition's own (MONTH_FIGURES of a month of orders,
-    every figure of a tenant's feed drain) are added up; any other figure is the whole run's
-    on each of them, so the first is kept."""
+    the counts of a tenant's feed drain) are added up; any other figure is the whole run's
+    on each of them (or a rate or an age), so the first is kept."""
     by_asset: dict[str, dict[str, float]] = {}
     for event in result.get_asset_materialization_events():
         key = event.asset_key.to_user_string()
@@ -129,7 +129,10 @@ def _numeric_metadata(result: dg.ExecuteInProcessResult) -> dict[str, dict[str, 
         if key not in by_asset:
             by_asset[key] = figures
             continue
-        own = figures if key == vtex_orders_feed.key.to_user_string() else MONTH_FIGURES
+        if key == vtex_orders_feed.key.to_user_string():
+            own = [name for name, value in figures.items() if isinstance(value, int)]
+        else:
+            own = list(MONTH_FIGURES)
         for name in own:
             if name in figures:
                 by_asset[key][name] = by_asset[key].get(name, 0) + figures[name]

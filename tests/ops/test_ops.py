@@ -9,6 +9,7 @@ import socket
 import threading
 import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import UTC, date, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -27,8 +28,10 @@ from cdp_assets.ops.sensors import sync_errors_sensor
 from cdp_assets.ops.status import collect_status, render_text, status_json, watched_assets
 from cdp_assets.ops.sync_errors import (
     MAX_MESSAGE,
+    SyncError,
     failed_partitions,
     latest_errors,
+    per_tenant,
     sync_error_from_run,
     tenant_from_tags,
 )
@@ -312,6 +315,26 @@ def test_a_block_run_is_recorded_for_each_tenant_it_failed_for(
     assert [text["text"].splitlines()[0] for _, text in received] == [
         f"cdp run failed: tenants {failed[0]}, {failed[1]}; vtex_skus; partition {partition}"
     ]
+
+
+def test_a_block_runs_rows_are_its_tenants_and_keep_the_assets_of_none():
+    run = SyncError("r1", "job", None, ("a",), "acme..beta", "E", "m", None, datetime.now(UTC))
+    failed = {
+        "vtex_skus": {"acme", "beta"},
+        "vtex_orders": {"2025-01-01|acme"},
+        "audience_catalog": {None},
+    }
+    rows = per_tenant(run, failed)
+    assert [(row.tenant_id, row.asset_keys) for row in rows] == [
+        ("acme", ("vtex_orders", "vtex_skus")),
+        ("beta", ("vtex_skus",)),
+        (None, ("audience_catalog",)),
+    ]
+    assert {row.message for row in rows} == {"m"}
+    # No tenant's partition left unmaterialized, or a run for one tenant: its one row.
+    assert per_tenant(run, {"audience_catalog": {None}}) == [run]
+    one = replace(run, tenant_id="acme")
+    assert per_tenant(one, failed) == [one]
 
 
 def test_a_webhook_that_is_down_or_refuses_never_fails_the_sensor(

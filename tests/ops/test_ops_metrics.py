@@ -39,7 +39,7 @@ from cdp_assets.ops.metrics import (
 from cdp_assets.ops.resources import OpsMetricsResource
 from cdp_assets.ops.status import collect_status, render_text, status_json
 from cdp_assets.ops.webhook import WEBHOOK_ENV
-from cdp_assets.partitions import tenants
+from cdp_assets.partitions import RANGE_END_TAG, RANGE_START_TAG, tenants
 from cdp_assets.tenants.registry import Tenant, add_tenant, set_active
 from cdp_assets.vtex.resources import VtexResource
 
@@ -371,6 +371,17 @@ def fake_skus(config: FakeSync) -> dg.MaterializeResult:
     )
 
 
+@dg.asset(name="vtex_orders_feed", partitions_def=tenants)
+def fake_feed(context) -> dg.MaterializeResult:
+    """A drain over a block of tenants: each records its own requests, 1,000 per rank."""
+    for rank, tenant_id in enumerate(context.partition_keys, start=1):
+        context.add_asset_metadata(
+            {"api_requests": 1000 * rank, "api_429_responses": rank, "seconds": 60.0},
+            partition_key=tenant_id,
+        )
+    return dg.MaterializeResult()
+
+
 @dg.asset(name="rfm_segments", partitions_def=tenants)
 def fake_model() -> dg.MaterializeResult:
     """A dbt model's key: its runs are not syncs, its steps still count."""
@@ -403,6 +414,39 @@ def shop(warehouse_url: str, instance: dg.DagsterInstance) -> Iterator[tuple[lis
     with psycopg.connect(warehouse_url) as conn:
         for tenant_id in tenant_ids:
             set_active(conn, tenant_id, False)
+
+
+def test_a_feed_drain_over_a_block_counts_each_tenants_requests_on_its_account(
+    instance, warehouse_url
+):
+    """A drain over two neighbouring tenants of two VTEX accounts: each account is charged its
+    own tenant's requests, not half of the run's."""
+    suffix = uuid.uuid4().hex[:8]
+    block = {f"of_{suffix}_a": f"feeda-{suffix}", f"of_{suffix}_b": f"feedb-{suffix}"}
+    with psycopg.connect(warehouse_url) as conn:
+        for tenant_id, account in block.items():
+            add_tenant(conn, Tenant(tenant_id, account, "OF_KEY", "OF_TOKEN"))
+    instance.add_dynamic_partitions(tenants.name, list(block))
+    try:
+        first, second = block
+        drained = dg.materialize(
+            [fake_feed], instance=instance, tags={RANGE_START_TAG: first, RANGE_END_TAG: second}
+        )
+        assert drained.success
+        now = datetime.now(UTC)
+        history = collect_history(instance, now)
+        samples = {s.tenant_ids: s for s in history.api if s.run_id == drained.run_id}
+        assert {t: s.requests for t, s in samples.items()} == {(first,): 1000, (second,): 2000}
+        report = evaluate(history, QUIET, DEFAULT_THRESHOLDS, block, 10.0, now)
+        assert report.counts[f"api_requests/{block[first]}"] == 1000
+        assert report.counts[f"api_requests/{block[second]}"] == 2000
+        assert report.counts[f"api_429_responses/{block[second]}"] == 2
+    finally:
+        for tenant_id in block:
+            instance.delete_dynamic_partition(tenants.name, tenant_id)
+        with psycopg.connect(warehouse_url) as conn:
+            for tenant_id in block:
+                set_active(conn, tenant_id, False)
 
 
 def test_the_figures_of_real_runs_on_the_instance(instance, conn, shop):
