@@ -35,14 +35,6 @@ def tenants_with_partitions(
     return with_partitions(rows, set(order)), order
 
 
-# Tenants per run of the syncs that read VTEX for a block of tenants (the 48-hour orders sync,
-# the orders feed's drains). A run over many tenants pays one run's start instead of one per
-# tenant, but its tenants share one process's Python: a longer block is read by several runs,
-# which the run queue spreads over processes (the List sync of 41 tenants took 18 s in one
-# run, 10 s in runs of 10).
-TENANTS_PER_SYNC_RUN = 10
-
-
 def tenant_blocks(
     partition_order: Sequence[str], tenant_rows: list[Tenant], at_most: int | None = None
 ) -> list[list[Tenant]]:

@@ -1,6 +1,5 @@
 """The orders feed's sensor: every 30 seconds, a drain for each tenant whose feed is on, as one
-run per block of up to TENANTS_PER_SYNC_RUN neighbouring tenants, so that 41 busy feeds are 5
-runs a tick, not 41.
+run per block of neighbouring tenants, so that 41 busy feeds are one run a tick, not 41.
 
 The sensor only reads Postgres and the run storage; every VTEX call happens in the run.
 """
@@ -13,13 +12,7 @@ import dagster as dg
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.partitions import TENANT_PARTITIONS
 from cdp_assets.tenants.registry import Tenant
-from cdp_assets.tenants.runs import (
-    TENANTS_PER_SYNC_RUN,
-    block_request,
-    run_tenants_of,
-    runs_in_flight,
-    tenant_blocks,
-)
+from cdp_assets.tenants.runs import block_request, run_tenants_of, runs_in_flight, tenant_blocks
 from cdp_assets.vtex.feed import FeedState, enabled_feeds
 from cdp_assets.vtex.jobs import FEED_SYNC_JOB, vtex_orders_feed_sync
 
@@ -57,12 +50,10 @@ def feed_runs_in_flight(instance: dg.DagsterInstance, partition_order: Sequence[
 def feed_block_requests(
     feeds: list[FeedState], partition_order: Sequence[str], in_flight: set[str], now: datetime
 ) -> list[dg.RunRequest]:
-    """The drains due (due_feeds) as one run per block of neighbouring tenants, of
-    TENANTS_PER_SYNC_RUN at most."""
+    """The drains due (due_feeds) as one run per block of neighbouring tenants."""
     due = due_feeds(feeds, set(partition_order), in_flight, now)
     return [
-        block_request(block, f"{now:%Y%m%d%H%M%S}")
-        for block in tenant_blocks(partition_order, due, TENANTS_PER_SYNC_RUN)
+        block_request(block, f"{now:%Y%m%d%H%M%S}") for block in tenant_blocks(partition_order, due)
     ]
 
 
@@ -74,8 +65,7 @@ def feed_block_requests(
     minimum_interval_seconds=30,
     default_status=dg.DefaultSensorStatus.RUNNING,
     description="Every 30 seconds, a drain of the orders feed for each active tenant whose feed is"
-    " on (`cdp tenants feed --on`): one run per block of neighbouring tenants due (up to"
-    f" {TENANTS_PER_SYNC_RUN} a run), at most one"
+    " on (`cdp tenants feed --on`): one run per block of neighbouring tenants due, at most one"
     f" drain in flight per tenant, and only every {IDLE_POLL // timedelta(minutes=1)} minutes"
     " while a tenant's last drain found nothing.",
 )

@@ -30,9 +30,10 @@ from cdp_assets.partitions import (
     tenants,
 )
 from cdp_assets.tenants.registry import Tenant, add_tenant, list_tenants
-from cdp_assets.tenants.runs import TENANTS_PER_SYNC_RUN, with_partitions
+from cdp_assets.tenants.runs import with_partitions
 from cdp_assets.vtex.jobs import vtex_orders_sync
 from cdp_assets.vtex.schedules import (
+    ORDER_SYNC_TENANTS_PER_RUN,
     REPAIR_MONTHS_PER_TICK,
     REPAIR_TAG,
     order_sync_requests,
@@ -127,7 +128,7 @@ def test_orders_sync_reads_neighbouring_tenants_in_one_run(scheduled_tenants):
 
 
 def test_a_long_block_of_tenants_is_read_by_several_runs():
-    """A block's tenants share one process: past TENANTS_PER_SYNC_RUN neighbours, the
+    """A block's tenants share one process: past ORDER_SYNC_TENANTS_PER_RUN neighbours, the
     block is split, the most urgent part first."""
     rows = [
         Tenant(f"blk_{i:02d}", "shop", "K", "T", priority=0 if i >= 20 else 5) for i in range(23)
@@ -135,7 +136,7 @@ def test_a_long_block_of_tenants_is_read_by_several_runs():
     evening = datetime(2026, 12, 15, 18, tzinfo=BUENOS_AIRES)
     requests = order_sync_requests(rows, [t.tenant_id for t in rows], evening)
     spans = [(str(r.tags[RANGE_START_TAG]), str(r.tags[RANGE_END_TAG])) for r in requests]
-    assert TENANTS_PER_SYNC_RUN == 10
+    assert ORDER_SYNC_TENANTS_PER_RUN == 10
     assert spans == [
         ("2026-12-01|blk_20", "2026-12-01|blk_22"),
         ("2026-12-01|blk_00", "2026-12-01|blk_09"),

@@ -17,7 +17,6 @@ from cdp_assets.cli import main
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.partitions import RANGE_END_TAG, RANGE_START_TAG, tenants
 from cdp_assets.tenants.registry import Tenant
-from cdp_assets.tenants.runs import TENANTS_PER_SYNC_RUN
 from cdp_assets.vtex.assets import TENANTS_LANDED, vtex_orders_feed
 from cdp_assets.vtex.client import VtexClient, VtexError
 from cdp_assets.vtex.feed import (
@@ -571,21 +570,6 @@ def test_drains_skip_tenants_in_flight_idle_or_without_a_partition():
         "idle_long_ago..idle_long_ago|20260601120000",
     ]
     assert not any("dagster/priority" in r.tags for r in requests)
-
-
-def test_a_long_block_of_busy_feeds_is_drained_by_several_runs():
-    """A run's tenants share one process: past TENANTS_PER_SYNC_RUN neighbours, a tick's
-    drains are cut into several runs, which the queue spreads over processes."""
-    now = datetime(2026, 6, 1, 12, tzinfo=UTC)
-    feeds = [feed(f"busy_{i:02d}", 1, timedelta(minutes=1), 40) for i in range(23)]
-    order = [f.tenant.tenant_id for f in feeds]
-    requests = feed_block_requests(feeds, order, set(), now)
-    assert TENANTS_PER_SYNC_RUN == 10
-    assert [r.run_key for r in requests] == [
-        "busy_00..busy_09|20260601120000",
-        "busy_10..busy_19|20260601120000",
-        "busy_20..busy_22|20260601120000",
-    ]
 
 
 def test_ticks_of_one_minute_request_runs_of_their_own():
