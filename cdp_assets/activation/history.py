@@ -14,9 +14,10 @@ from datetime import datetime, timedelta
 
 import dagster as dg
 import psycopg
-from dagster._core.storage.tags import WILL_RETRY_TAG
 from psycopg.types.json import Jsonb
 
+# Set by Dagster on a failed run that its run retries will launch again.
+WILL_RETRY_TAG = "dagster/will_retry"
 FINISHED = (dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED)
 # A row without a Dagster run the instance knows (a sync run outside Dagster, or a run since
 # deleted) is taken as abandoned once open this long: longer than any sync lasts.

@@ -49,9 +49,9 @@ INGESTION_ASSETS = (
     "vtex_customers",
     "vtex_orders_feed",
 )
-# Assets whose run over several partitions records each partition's own requests (a feed
-# drain per tenant); the others record the run's on each partition.
-OWN_API_FIGURES = ("vtex_orders_feed",)
+# Ingestion assets whose run over several partitions records each partition's own figures,
+# requests included (a feed drain's, per tenant); the others record the run's requests on each.
+OWN_FIGURES_PER_PARTITION = ("vtex_orders_feed",)
 WINDOW = timedelta(hours=24)
 # VTEX limits requests per second: over a whole day even a saturated hour averages out, so
 # the budget is judged over the last hour.
@@ -180,7 +180,7 @@ class StepSample:
 class ApiSample:
     """An ingestion materialization's VTEX requests, from its `api_*` and `seconds` metadata
     (one per run and asset: a run over several partitions records the same figures on each;
-    one per run and tenant for OWN_API_FIGURES)."""
+    one per run and partition for OWN_FIGURES_PER_PARTITION)."""
 
     run_id: str
     asset: str
@@ -553,18 +553,14 @@ def collect_history(instance: dg.DagsterInstance, now: datetime) -> History:
 
     api = []
     for name in INGESTION_ASSETS:
-        by_run: dict[str | int | tuple[str, str | None], list[dg.EventLogRecord]] = defaultdict(
-            list
-        )
+        by_run: dict[int | tuple[str, str | None], list[dg.EventLogRecord]] = defaultdict(list)
+        own = name in OWN_FIGURES_PER_PARTITION
         for event in _materializations(instance, dg.AssetKey(name), (now - API_WINDOW).timestamp()):
-            # Runless reports (no run id) each stand alone, and so does each tenant of a feed
-            # drain over several (each records its own requests).
+            # Runless reports (no run id) each stand alone.
             if not event.run_id:
                 by_run[event.storage_id].append(event)
-            elif name in OWN_API_FIGURES:
-                by_run[(event.run_id, event.partition_key)].append(event)
             else:
-                by_run[event.run_id].append(event)
+                by_run[(event.run_id, event.partition_key if own else None)].append(event)
         for events in by_run.values():
             latest = max(events, key=lambda e: e.storage_id)
             assert latest.asset_materialization is not None  # the records are materializations

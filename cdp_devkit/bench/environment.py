@@ -36,8 +36,9 @@ from cdp_assets.framework.executor import PRELOADED
 from cdp_assets.lib.dagster_home import apply_pool_limits
 from cdp_assets.lib.database import database_url, sqlalchemy_url, with_database
 from cdp_assets.lib.warehouse import migrated_url
+from cdp_assets.ops.metrics import OWN_FIGURES_PER_PARTITION
 from cdp_assets.tenants.registry import Tenant, add_tenant
-from cdp_assets.vtex.assets import MONTH_FIGURES, vtex_orders_feed
+from cdp_assets.vtex.assets import MONTH_FIGURES
 from cdp_devkit.bench.measure import peak_rss_mb, rss_mb
 from cdp_devkit.bench.scales import Scale
 from cdp_devkit.sandbox import SandboxProcess, StoreSpec, history_end_today
@@ -115,8 +116,8 @@ class RunRecord:
 def _numeric_metadata(result: dg.ExecuteInProcessResult) -> dict[str, dict[str, float]]:
     """Numeric metadata per asset. A run over several partitions records one materialization
     per partition: the figures of each partition's own (MONTH_FIGURES of a month of orders,
-    the counts of a tenant's feed drain) are added up; any other figure is the whole run's
-    on each of them (or a rate or an age), so the first is kept."""
+    the counts of a tenant's feed drain, OWN_FIGURES_PER_PARTITION) are added up; any other
+    figure is the whole run's on each of them (or a rate or an age), so the first is kept."""
     by_asset: dict[str, dict[str, float]] = {}
     for event in result.get_asset_materialization_events():
         key = event.asset_key.to_user_string()
@@ -129,7 +130,7 @@ def _numeric_metadata(result: dg.ExecuteInProcessResult) -> dict[str, dict[str, 
         if key not in by_asset:
             by_asset[key] = figures
             continue
-        if key == vtex_orders_feed.key.to_user_string():
+        if key in OWN_FIGURES_PER_PARTITION:
             own = [name for name, value in figures.items() if isinstance(value, int)]
         else:
             own = list(MONTH_FIGURES)
