@@ -20,18 +20,21 @@ from cdp_assets.vtex.jobs import FEED_SYNC_JOB, ORDERS_SYNC_JOB
 from cdp_devkit.bench import SCALES, run_bench
 from cdp_devkit.bench.report import render_summary
 
-# About two minutes on an idle 2-core machine; the first test also pays for the module's run.
+# The first test pays for the module's run.
 pytestmark = pytest.mark.timeout(900)
 
 STAGES = ("write_path", "ingestion", "analytics", "activation", "masterdata", "increment")
-SMALL = SCALES["small"]
+# Half the small scale's history: every stage and check alike on less data, and the reduced
+# path (`cdp bench --fraction`) with it.
+FRACTION = 0.5
+SMALL = SCALES["small"].reduced(FRACTION)
 DBT_MODELS = {path.stem for path in (DBT_PROJECT_DIR / "models").rglob("*.sql")}
 
 
 @pytest.fixture(scope="module")
 def small(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
     folder = tmp_path_factory.mktemp("bench")
-    return run_bench("small", folder, echo=lambda _: None), folder
+    return run_bench("small", folder, echo=lambda _: None, fraction=FRACTION), folder
 
 
 def test_every_stage_reports_time_rate_memory_and_size(small):

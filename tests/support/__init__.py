@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
+import shutil
+import tempfile
 import time
 from datetime import UTC, date, datetime
 from pathlib import Path
@@ -15,7 +16,17 @@ import orjson
 import psycopg
 from dagster._daemon.types import DaemonHeartbeat
 
-from cdp_assets.analytics.dbt_project import DBT_EXECUTABLE, DBT_PROJECT_DIR, dbt_connection_env
+from cdp_assets.analytics.assets import RUN_VARS_ENV
+from cdp_assets.analytics.dbt_project import (
+    DBT_EXECUTABLE,
+    DBT_PROJECT_DIR,
+    PRODUCTION_STATE,
+    dbt_connection_env,
+    keep_parse,
+)
+from cdp_assets.framework.dbt_cli import PARTIAL_PARSE, kept_parse_name
+from cdp_assets.framework.dbt_fork import ForkedDbt
+from cdp_assets.lib.environ import temporary_environment
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.partitions import month_start, order_months, tenant_month_range_tags, tenants
 from cdp_assets.tenants.registry import Tenant, add_tenant, vtex_orders_available_from
@@ -195,7 +206,11 @@ def metadata(result: dg.ExecuteInProcessResult) -> dict[str, float]:
 
 def run_dbt(warehouse_url: str, *args: str, succeeds: bool = True) -> str:
     """Run dbt on the project against the test database's production schemas (target prod),
-    as an operator would; its output. It must exit 0, or with `succeeds=False` must fail."""
+    as an operator would; its output. It must exit 0, or with `succeeds=False` must fail.
+
+    dbt's own command line runs in a child forked from this process, as the platform's steps
+    run it (framework/dbt_fork.py), from the project's kept parse of this database: a test
+    pays neither a new interpreter's import of dbt nor a whole parse."""
     env = {**os.environ, **dbt_connection_env(warehouse_url), "DO_NOT_TRACK": "1"}
     command = [
         DBT_EXECUTABLE,
@@ -207,21 +222,28 @@ def run_dbt(warehouse_url: str, *args: str, succeeds: bool = True) -> str:
         "--project-dir",
         str(DBT_PROJECT_DIR),
     ]
-    done = subprocess.run(command, env=env, capture_output=True, text=True)
-    assert (done.returncode == 0) == succeeds, done.stdout[-3000:]
-    return done.stdout
+    with tempfile.TemporaryDirectory() as folder:
+        target = Path(folder)
+        env["DBT_TARGET_PATH"] = env["DBT_LOG_PATH"] = str(target)
+        kept = PRODUCTION_STATE / kept_parse_name(env)
+        if kept.exists():
+            shutil.copyfile(kept, target / PARTIAL_PARSE)
+        dbt = ForkedDbt(command, env, DBT_PROJECT_DIR)
+        output = dbt.stdout.read().decode("utf-8", "replace")
+        succeeded = dbt.wait() == 0
+        if succeeded:
+            keep_parse(target, env)
+    assert succeeded == succeeds, output[-3000:]
+    return output
 
 
 def dbt_build(warehouse_url: str, tenant_id: str, select: str, as_of: str) -> None:
-    """`dbt build` of one tenant's models as of a date."""
-    run_dbt(
-        warehouse_url,
-        "build",
-        "--select",
-        select,
-        "--vars",
-        json.dumps({"tenant_id": tenant_id, "as_of": as_of}),
-    )
+    """`dbt build` of one tenant's models as of a date, as the platform's runs build: the vars
+    in the environment (a change of `--vars` would make dbt parse the whole project again),
+    without the unit tests (which `test_dbt_unit_tests_pass` runs)."""
+    vars_env = {RUN_VARS_ENV: json.dumps({"tenant_id": tenant_id, "as_of": as_of})}
+    with temporary_environment(vars_env):
+        run_dbt(warehouse_url, "build", "--select", select, "--exclude-resource-type", "unit_test")
 
 
 HOLDOUT_RATES_SQL = """
