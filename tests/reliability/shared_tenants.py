@@ -39,7 +39,13 @@ from cdp_assets.analytics.jobs import ANALYTICS_JOB, AUDIENCES_JOB
 from cdp_assets.definitions import defs
 from cdp_assets.lib.environ import temporary_environment
 from cdp_assets.lib.upsert import upsert_documents
-from cdp_assets.partitions import order_months, tenant_month_range_tags, tenants
+from cdp_assets.partitions import (
+    RANGE_END_TAG,
+    RANGE_START_TAG,
+    order_months,
+    tenant_month_range_tags,
+    tenants,
+)
 from cdp_assets.tenants.registry import Tenant, add_tenant
 from cdp_assets.vtex.jobs import ORDERS_SYNC_JOB, TENANT_SYNC_JOB
 from cdp_assets.vtex.records import customer_row, order_row
@@ -151,7 +157,10 @@ def _run(pipeline: Pipeline, instance: dg.DagsterInstance, job: str, **run) -> N
     result = defs.resolve_job_def(job).execute_in_process(
         instance=instance, raise_on_error=False, **run
     )
-    label = run.get("partition_key") or "all tenants"
+    tags = run.get("tags", {})
+    label = run.get("partition_key") or "..".join(
+        tags[tag] for tag in (RANGE_START_TAG, RANGE_END_TAG) if tag in tags
+    )
     pipeline.timings.append((f"{job} {label}", time.monotonic() - started))
     pipeline.run_ids.append(result.run_id)
     if not result.success:
@@ -398,9 +407,12 @@ def _build(warehouse_url: str, instance: dg.DagsterInstance) -> Pipeline:
             pipeline.crafted[SOURCE] = [
                 ("all", p["email"], p["document"], p["phone"], p["userId"]) for p in people
             ]
-            for tenant_id in pipeline.tenant_ids:
-                _run(pipeline, instance, ANALYTICS_JOB, partition_key=tenant_id)
-                _run(pipeline, instance, AUDIENCES_JOB, partition_key=tenant_id)
+            # A's run of its own, then B's and C's in one run over both (a backfill's): one
+            # set-based build over tenants who share people keeps them apart as well.
+            together = {RANGE_START_TAG: "iso_b", RANGE_END_TAG: "iso_c"}
+            for job in (ANALYTICS_JOB, AUDIENCES_JOB):
+                _run(pipeline, instance, job, partition_key=SOURCE)
+                _run(pipeline, instance, job, tags=together)
             for tenant_id in pipeline.tenant_ids:
                 keys = shared_customer_keys(conn, tenant_id, pipeline.crafted[tenant_id])
                 pipeline.audiences[tenant_id] = _pick_audience(conn, tenant_id, keys)
