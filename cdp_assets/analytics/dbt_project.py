@@ -53,6 +53,20 @@ def dbt_resource() -> CdpDbtCliResource:
 
 # dbt's output: each run leaves a folder of its own in target/, thousands of files over time.
 DBT_OUTPUT_FOLDERS = {"target", "logs"}
+# Where the platform's dbt invocations write: a folder each, named by dagster-dbt
+# `<step>-<run id>-<random>`, holding its dbt.log and compiled SQL, until the nightly
+# maintenance removes it (CDP_RETENTION_DBT_OUTPUT_DAYS).
+DBT_TARGET_DIR = DBT_PROJECT_DIR / dbt_project.target_path
+INVOCATION_FOLDER = re.compile(r"[a-z][a-z0-9_]*-[0-9a-f]{7}-[0-9a-f]{7}")
+
+
+def invocation_folders(target: Path = DBT_TARGET_DIR) -> Iterator[Path]:
+    """The platform's dbt invocation folders in `target` (not production's state, a parse's
+    folder, or anything a person's dbt wrote there)."""
+    if target.is_dir():
+        for path in target.iterdir():
+            if path.is_dir() and INVOCATION_FOLDER.fullmatch(path.name):
+                yield path
 
 
 def project_files() -> Iterator[Path]:
@@ -67,7 +81,7 @@ def project_files() -> Iterator[Path]:
 # in the project (an analyst's, `cdp dbt`, a test's) rewrites target/manifest.json in place,
 # and a process loading the definitions meanwhile read half of it (seen once in CI: a Celery
 # worker's import failed on truncated JSON).
-MANIFEST_PATH = DBT_PROJECT_DIR / dbt_project.target_path / "dagster_manifest.json"
+MANIFEST_PATH = DBT_TARGET_DIR / "dagster_manifest.json"
 
 
 def ensure_manifest() -> Path:
@@ -101,7 +115,7 @@ UNCONNECTED_URL = "postgresql://unconnected/postgres"
 # Production's folder in dbt's output, which no person's dbt command writes (theirs go to
 # target/): the project's own parse, which each of the platform's invocations starts from and
 # leaves its own in, and production's manifest, which `cdp dbt` defers to.
-PRODUCTION_STATE = DBT_PROJECT_DIR / dbt_project.target_path / "production"
+PRODUCTION_STATE = DBT_TARGET_DIR / "production"
 # Parses kept, the newest, one per database (kept_parse_name).
 KEPT_PARSES = 8
 
@@ -110,14 +124,16 @@ def keep_parse(invocation_target: Path, env: Mapping[str, str]) -> None:
     """Make an invocation's parse the project's, for the database of `env` (the environment
     `dbt_connection_env` gives). dagster-dbt gives each invocation a fresh target folder and
     copies the project's parse into it, so dbt re-reads only the files that changed since, half
-    the start-up of a full parse. Replaced atomically, as concurrent runs may finish together."""
+    the start-up of a full parse. Replaced atomically, as concurrent runs may finish together.
+    Moved, not copied: the invocation's folder, kept for its log, need not keep a parse too
+    (most of its size)."""
     parsed = invocation_target / PARTIAL_PARSE
     if not parsed.exists():
         return
     kept = PRODUCTION_STATE / kept_parse_name(env)
     kept.parent.mkdir(parents=True, exist_ok=True)
     incoming = kept.with_name(f".{kept.name}.{uuid.uuid4().hex}")
-    shutil.copyfile(parsed, incoming)
+    shutil.move(parsed, incoming)
     os.replace(incoming, kept)
     # One database is production's; more are a test suite's, each session on new ones.
     parses = sorted(PRODUCTION_STATE.glob("partial_parse-*.msgpack"), key=_modified)

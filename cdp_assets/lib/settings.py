@@ -215,6 +215,12 @@ SETTINGS: tuple[Setting, ...] = (
         90,
         "Finished Dagster runs that materialized nothing, with their event logs.",
     ),
+    _retention(
+        "dbt_output",
+        7,
+        "The folders the platform's dbt commands leave in `dbt_project/target/` (each one's"
+        " `dbt.log` and compiled SQL), by last write.",
+    ),
     # Set for the processes the platform starts
     Setting(
         "CDP_DBT_RUN_VARS", None, "The refresh's dbt variables, for its dbt process.", "dbt", True

@@ -8,17 +8,21 @@ touched. Two kinds of rows stay whatever their age: each destination audience's 
 synced run (its match figures are shown until the next sync), and a Dagster run that
 materialized an asset (Dagster plans from the materializations: which partitions exist,
 what is stale). Privacy requests are kept for good: they are the proof a request was
-honoured.
+honoured. The folders the platform's dbt invocations leave in `dbt_project/target/` (their
+`dbt.log` and compiled SQL) go by their last write.
 """
 
+import shutil
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import click
 import dagster as dg
 import psycopg
 from psycopg import sql
 
+from cdp_assets.analytics.dbt_project import DBT_TARGET_DIR, invocation_folders
 from cdp_assets.lib import settings
 from cdp_assets.lib.warehouse import migrated_url
 
@@ -54,6 +58,8 @@ RETENTIONS = (
     Retention("metric_states", "cdp.ops_metric_states", "evaluated_at"),
 )
 DAGSTER_RUNS = Retention("dagster_runs", "Dagster runs and their event logs", "end time")
+DBT_OUTPUT = Retention("dbt_output", "dbt invocation folders", "last write")
+EVERY_RETENTION = (*RETENTIONS, DAGSTER_RUNS, DBT_OUTPUT)
 # What most scans read; autovacuum analyzes them late after a bulk load or a mass deletion.
 ANALYZED = (
     "raw_vtex.orders",
@@ -128,29 +134,51 @@ def _prune_dagster_runs(instance: dg.DagsterInstance, cutoff: datetime, dry_run:
     return pruned
 
 
+def _prune_dbt_output(target: Path, cutoff: datetime, dry_run: bool) -> int:
+    """The platform's dbt invocation folders in `target` last written before `cutoff`."""
+    old = [path for path in invocation_folders(target) if _written(path) < cutoff.timestamp()]
+    if not dry_run:
+        for path in old:
+            shutil.rmtree(path, ignore_errors=True)
+    return len(old)
+
+
+def _written(path: Path) -> float:
+    """When `path` was last written; never, if another process removed it meanwhile."""
+    try:
+        return path.stat().st_mtime
+    except FileNotFoundError:
+        return float("inf")
+
+
 def run_maintenance(
     conn: psycopg.Connection,
     instance: dg.DagsterInstance | None,
     *,
     dry_run: bool = False,
     now: datetime | None = None,
+    dbt_output: Path = DBT_TARGET_DIR,
 ) -> list[Pruned]:
     """Prune every kind of record past its retention (the warehouse's in one transaction),
     then ANALYZE the big tables; what was (or would be) removed. Without `instance`, Dagster's
-    runs are left alone."""
+    runs are left alone; the dbt invocations' folders are those in `dbt_output`."""
     now = now or datetime.now(UTC)
-    settings = [(r, retention_days(r)) for r in (*RETENTIONS, DAGSTER_RUNS)]
-    pruned = [
-        Pruned(r.name, days, _prune_table(conn, r, now - timedelta(days=days), dry_run))
-        for r, days in settings[:-1]
-    ]
+    # Every setting read before anything is removed: a bad one stops the whole maintenance.
+    days = {r.name: retention_days(r) for r in EVERY_RETENTION}
+
+    def cutoff(retention: Retention) -> datetime:
+        return now - timedelta(days=days[retention.name])
+
+    def pruned_of(retention: Retention, removed: int) -> Pruned:
+        return Pruned(retention.name, days[retention.name], removed)
+
+    pruned = [pruned_of(r, _prune_table(conn, r, cutoff(r), dry_run)) for r in RETENTIONS]
     conn.commit()
     if instance is not None:
-        days = settings[-1][1]
-        cutoff = now - timedelta(days=days)
-        pruned.append(
-            Pruned(DAGSTER_RUNS.name, days, _prune_dagster_runs(instance, cutoff, dry_run))
-        )
+        runs = _prune_dagster_runs(instance, cutoff(DAGSTER_RUNS), dry_run)
+        pruned.append(pruned_of(DAGSTER_RUNS, runs))
+    folders = _prune_dbt_output(dbt_output, cutoff(DBT_OUTPUT), dry_run)
+    pruned.append(pruned_of(DBT_OUTPUT, folders))
     if not dry_run:
         for table in ANALYZED:
             conn.execute(sql.SQL("ANALYZE {}").format(sql.Identifier(*table.split("."))))

@@ -58,6 +58,7 @@ from cdp_assets.analytics.dbt_project import (
 )
 from cdp_assets.analytics.jobs import ANALYTICS_JOB, all_tenants_tags
 from cdp_assets.analytics.prediction_refresh import SUMMARY_MODEL, fit_and_replace
+from cdp_assets.framework.dbt_cli import PARTIAL_PARSE
 from cdp_assets.lib.environ import temporary_environment
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.partitions import RANGE_END_TAG, RANGE_START_TAG
@@ -624,6 +625,8 @@ def test_a_refresh_reuses_the_last_parse_of_the_project(analytics, instance):
         text = log.read_text()
         assert "Unable to do partial parsing" not in text
         assert "Partial parsing enabled" in text
+        # The folder keeps the log; its parse went on to be the project's.
+        assert not (log.parent / PARTIAL_PARSE).exists()
 
 
 def test_a_refresh_parses_only_the_documents_that_landed_since(analytics, conn, instance):

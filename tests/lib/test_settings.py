@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from cdp_assets.lib import settings
-from cdp_assets.ops.maintenance import DAGSTER_RUNS, RETENTIONS
+from cdp_assets.ops.maintenance import EVERY_RETENTION
 
 PACKAGE = Path(settings.__file__).resolve().parents[1]
 READERS = {"value", "required", "positive_number"}
@@ -64,7 +64,7 @@ def test_every_variable_the_product_reads_is_declared_and_read_through_the_setti
         named |= found
         if bypassing:
             direct[str(path.relative_to(PACKAGE))] = bypassing
-    named |= {retention.setting for retention in (*RETENTIONS, DAGSTER_RUNS)}
+    named |= {retention.setting for retention in EVERY_RETENTION}
     assert direct == {}
     assert named - set(settings.BY_NAME) == set()
     # Nothing declared that nothing reads (the dbt project reads the ones set for dbt).

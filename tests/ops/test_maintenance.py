@@ -3,8 +3,10 @@ second run finds nothing more; a dry run says the same and deletes nothing."""
 
 from __future__ import annotations
 
+import os
 import uuid
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import dagster as dg
 import psycopg
@@ -15,6 +17,7 @@ from cdp_assets.ops.jobs import MAINTENANCE_JOB
 from cdp_assets.ops.maintenance import (
     ANALYZED,
     DAGSTER_RUNS,
+    DBT_OUTPUT,
     RETENTIONS,
     RetentionError,
     retention_days,
@@ -226,3 +229,34 @@ def test_the_maintenance_job_runs_every_night_by_default() -> None:
     assert schedule.job_name == MAINTENANCE_JOB
     assert schedule.default_status == dg.DefaultScheduleStatus.RUNNING
     assert schedule.cron_schedule == "30 3 * * *"
+
+
+def test_maintenance_removes_the_platforms_dbt_folders_past_their_retention(
+    conn: psycopg.Connection, tmp_path: Path
+) -> None:
+    """Each of the platform's dbt commands leaves a folder (dagster-dbt's `<step>-<run>-<id>`)
+    for its log; those past the retention go, nothing else in dbt's target folder does."""
+    days = retention_days(DBT_OUTPUT)
+    now = datetime.now(UTC)
+    ages = {
+        "dbt_tenant_models-1a2b3c4-5d6e7f8": days + 1,
+        "dbt_audiences-1a2b3c4-0a9b8c7": days - 1,
+        "production": days + 30,  # the project's kept parses and production's manifest
+        f"parse-{uuid.uuid4().hex}": days + 30,  # a parse under way
+        "my_own_target": days + 30,  # a person's
+    }
+    for name, age in ages.items():
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "dbt.log").write_text("...")
+        written = (now - timedelta(days=age)).timestamp()
+        os.utime(folder, (written, written))
+
+    would = {p.name: p.rows for p in run_maintenance(conn, None, dry_run=True, dbt_output=tmp_path)}
+    assert would[DBT_OUTPUT.name] == 1
+    assert {path.name for path in tmp_path.iterdir()} == set(ages)
+    pruned = {p.name: p.rows for p in run_maintenance(conn, None, dbt_output=tmp_path)}
+    assert pruned[DBT_OUTPUT.name] == 1
+    assert {path.name for path in tmp_path.iterdir()} == set(ages) - {
+        "dbt_tenant_models-1a2b3c4-5d6e7f8"
+    }
