@@ -155,6 +155,13 @@ SETTINGS: tuple[Setting, ...] = (
         "dbt's own: write run_results.json and the manifest from the platform's runs.",
         "Analytics",
     ),
+    Setting(
+        "DBT_LOG_LEVEL_FILE",
+        "info",
+        "dbt's own: the level of the dbt.log the platform's runs leave (`debug` adds every"
+        " query and connection event).",
+        "Analytics",
+    ),
     # Operations
     Setting(
         "CDP_ALERT_WEBHOOK_URL",

@@ -616,8 +616,10 @@ def test_a_tenants_run_tests_only_that_tenants_rows(
 
 def test_a_refresh_reuses_the_last_parse_of_the_project(analytics, instance):
     """A run's tenants and date reach dbt in an env var, not `--vars` (which make dbt parse the
-    whole project again), and each run keeps its parse for the next."""
-    result = refresh_tenant(instance, "an_tiny", TENANT_ASSETS)
+    whole project again), and each run keeps its parse for the next. dbt says whether it parsed
+    in part at debug level, which its log file holds when the setting asks."""
+    with temporary_environment({"DBT_LOG_LEVEL_FILE": "debug"}):
+        result = refresh_tenant(instance, "an_tiny", TENANT_ASSETS)
     logs = list((DBT_PROJECT_DIR / "target").glob(f"*-{result.run_id[:7]}-*/dbt.log"))
     # The models before the fits and the scoring after them; the holdout's summary and bands.
     assert len(logs) == 4
