@@ -23,6 +23,7 @@ from cdp_assets.analytics.dbt_metadata import (
     source_landings,
 )
 from cdp_assets.analytics.dbt_project import (
+    RUN_VARS_ENV,
     dbt_connection_env,
     dbt_project,
     ensure_manifest,
@@ -55,8 +56,6 @@ DbtEvent = (
     | dg.AssetCheckResult
     | dg.AssetCheckEvaluation
 )
-# Read by macro run_var.
-RUN_VARS_ENV = "CDP_DBT_RUN_VARS"
 # The analytics' as-of day, YYYY-MM-DD; unset (as in production), the day a refresh started.
 AS_OF_ENV = "CDP_AS_OF"
 WRITE_JSON_ENV = "DBT_WRITE_JSON"

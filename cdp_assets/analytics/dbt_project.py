@@ -33,6 +33,8 @@ from cdp_assets.partitions import tenants
 DBT_PROJECT_DIR = Path(__file__).resolve().parents[2] / "dbt_project"
 # The dbt installed beside this interpreter, whether or not its folder is on PATH.
 DBT_EXECUTABLE = str(Path(sys.executable).parent / "dbt")
+# A run's variables, a JSON object, read by macro run_var.
+RUN_VARS_ENV = "CDP_DBT_RUN_VARS"
 # The target writing the production schemas (profiles.yml): every dbt command of the
 # platform's, whatever DBT_TARGET says. A person's default is `dev`, schemas of their own.
 PRODUCTION_TARGET = "prod"
@@ -128,12 +130,13 @@ def keep_parse(invocation_target: Path, env: Mapping[str, str]) -> None:
     Moved, not copied: the invocation's folder, kept for its log, need not keep a parse too
     (most of its size)."""
     parsed = invocation_target / PARTIAL_PARSE
-    if not parsed.exists():
-        return
     kept = PRODUCTION_STATE / kept_parse_name(env)
     kept.parent.mkdir(parents=True, exist_ok=True)
     incoming = kept.with_name(f".{kept.name}.{uuid.uuid4().hex}")
-    shutil.move(parsed, incoming)
+    try:
+        shutil.move(parsed, incoming)
+    except FileNotFoundError:  # dbt wrote none, or the folder is gone (maintenance)
+        return
     os.replace(incoming, kept)
     # One database is production's; more are a test suite's, each session on new ones.
     parses = sorted(PRODUCTION_STATE.glob("partial_parse-*.msgpack"), key=_modified)

@@ -226,7 +226,7 @@ SETTINGS: tuple[Setting, ...] = (
         "dbt_output",
         7,
         "The folders the platform's dbt commands leave in `dbt_project/target/` (each one's"
-        " `dbt.log` and compiled SQL), by last write.",
+        " `dbt.log` and compiled SQL), by the folder's last change (a command's end).",
     ),
     # Set for the processes the platform starts
     Setting(

@@ -9,7 +9,8 @@ synced run (its match figures are shown until the next sync), and a Dagster run 
 materialized an asset (Dagster plans from the materializations: which partitions exist,
 what is stale). Privacy requests are kept for good: they are the proof a request was
 honoured. The folders the platform's dbt invocations leave in `dbt_project/target/` (their
-`dbt.log` and compiled SQL) go by their last write.
+`dbt.log` and compiled SQL) go by the folder's last change (a command's end), on the machine
+the job runs on.
 """
 
 import shutil
@@ -58,7 +59,7 @@ RETENTIONS = (
     Retention("metric_states", "cdp.ops_metric_states", "evaluated_at"),
 )
 DAGSTER_RUNS = Retention("dagster_runs", "Dagster runs and their event logs", "end time")
-DBT_OUTPUT = Retention("dbt_output", "dbt invocation folders", "last write")
+DBT_OUTPUT = Retention("dbt_output", "dbt invocation folders", "last change")
 EVERY_RETENTION = (*RETENTIONS, DAGSTER_RUNS, DBT_OUTPUT)
 # What most scans read; autovacuum analyzes them late after a bulk load or a mass deletion.
 ANALYZED = (

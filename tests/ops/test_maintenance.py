@@ -203,7 +203,7 @@ def maintenance_test_asset() -> int:
 
 
 def test_old_dagster_runs_that_materialized_nothing_are_deleted_with_their_events(
-    conn: psycopg.Connection, instance: dg.DagsterInstance
+    conn: psycopg.Connection, instance: dg.DagsterInstance, tmp_path: Path
 ) -> None:
     # The platform's own nightly job: a run that materializes nothing.
     nothing = defs.resolve_job_def(MAINTENANCE_JOB).execute_in_process(instance=instance)
@@ -211,16 +211,21 @@ def test_old_dagster_runs_that_materialized_nothing_are_deleted_with_their_event
     assert nothing.success and materialized.success
     later = datetime.now(UTC) + timedelta(days=retention_days(DAGSTER_RUNS) + 1)
 
-    would = {p.name: p.rows for p in run_maintenance(conn, instance, dry_run=True, now=later)}
+    # Months ahead, the project's dbt folders would all be past their retention: those of
+    # the runs going on beside this test too.
+    beside = {"dbt_output": tmp_path}
+    would = {
+        p.name: p.rows for p in run_maintenance(conn, instance, dry_run=True, now=later, **beside)
+    }
     assert instance.has_run(nothing.run_id)
-    pruned = {p.name: p.rows for p in run_maintenance(conn, instance, now=later)}
+    pruned = {p.name: p.rows for p in run_maintenance(conn, instance, now=later, **beside)}
 
     assert pruned["dagster_runs"] == would["dagster_runs"] >= 1
     assert not instance.has_run(nothing.run_id)
     assert not instance.all_logs(nothing.run_id)
     assert instance.has_run(materialized.run_id)
     assert instance.get_latest_materialization_event(maintenance_test_asset.key) is not None
-    again = {p.name: p.rows for p in run_maintenance(conn, instance, now=later)}
+    again = {p.name: p.rows for p in run_maintenance(conn, instance, now=later, **beside)}
     assert again["dagster_runs"] == 0
 
 

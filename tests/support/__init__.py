@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import tempfile
 import time
 from datetime import UTC, date, datetime
@@ -16,11 +17,11 @@ import orjson
 import psycopg
 from dagster._daemon.types import DaemonHeartbeat
 
-from cdp_assets.analytics.assets import RUN_VARS_ENV
 from cdp_assets.analytics.dbt_project import (
     DBT_EXECUTABLE,
     DBT_PROJECT_DIR,
     PRODUCTION_STATE,
+    RUN_VARS_ENV,
     dbt_connection_env,
     keep_parse,
 )
@@ -222,16 +223,26 @@ def run_dbt(warehouse_url: str, *args: str, succeeds: bool = True) -> str:
         "--project-dir",
         str(DBT_PROJECT_DIR),
     ]
+    # A parse made with `--vars` would make the platform's next run on this database parse
+    # the whole project again; one in a folder of the caller's is not the project's to keep.
+    keeps = not {"--vars", "--target-path"} & set(args)
     with tempfile.TemporaryDirectory() as folder:
         target = Path(folder)
         env["DBT_TARGET_PATH"] = env["DBT_LOG_PATH"] = str(target)
         kept = PRODUCTION_STATE / kept_parse_name(env)
-        if kept.exists():
+        if keeps and kept.exists():
             shutil.copyfile(kept, target / PARTIAL_PARSE)
         dbt = ForkedDbt(command, env, DBT_PROJECT_DIR)
-        output = dbt.stdout.read().decode("utf-8", "replace")
+        try:
+            with dbt.stdout:
+                output = dbt.stdout.read().decode("utf-8", "replace")
+        except BaseException:
+            # Interrupted (a timeout, Ctrl-C): dbt stops as a `dbt` process would.
+            dbt.send_signal(signal.SIGINT)
+            dbt.wait()
+            raise
         succeeded = dbt.wait() == 0
-        if succeeded:
+        if keeps and succeeded:
             keep_parse(target, env)
     assert succeeded == succeeds, output[-3000:]
     return output
