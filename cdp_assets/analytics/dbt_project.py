@@ -139,12 +139,12 @@ def keep_parse(invocation_target: Path, env: Mapping[str, str]) -> None:
         return
     os.replace(incoming, kept)
     # One database is production's; more are a test suite's, each session on new ones.
-    parses = sorted(PRODUCTION_STATE.glob("partial_parse-*.msgpack"), key=_modified)
+    parses = sorted(PRODUCTION_STATE.glob("partial_parse-*.msgpack"), key=modified_at)
     for stale in parses[:-KEPT_PARSES]:
         stale.unlink(missing_ok=True)
 
 
-def _modified(path: Path) -> float:
+def modified_at(path: Path) -> float:
     """When `path` was last written; 0 when another process removed it meanwhile."""
     try:
         return path.stat().st_mtime

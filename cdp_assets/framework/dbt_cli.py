@@ -37,6 +37,18 @@ def kept_parse_name(env: Mapping[str, str]) -> str:
     return f"partial_parse-{hashlib.sha256(where.encode()).hexdigest()[:16]}.msgpack"
 
 
+def seed_parse(kept_parses: Path, target_path: Path, env: Mapping[str, str]) -> None:
+    """Copy the project's kept parse for the database of `env` (kept_parse_name) from
+    `kept_parses` into `target_path`, if there is one: dbt re-reads only the files changed
+    since."""
+    kept = kept_parses / kept_parse_name(env)
+    if kept.exists():
+        target_path.mkdir(parents=True, exist_ok=True)
+        # Another process may have pruned it since (keep_parse): dbt then parses whole.
+        with contextlib.suppress(FileNotFoundError):
+            shutil.copyfile(kept, target_path / PARTIAL_PARSE)
+
+
 class CdpDbtCliResource(DbtCliResource):
     """dagster-dbt's resource, without two things it does before each step's first dbt command
     (together as long as a small tenant's models): it runs `dbt --version`, and it
@@ -98,13 +110,8 @@ class CdpDbtCliResource(DbtCliResource):
         }
         if params.indirect_selection:
             env[DBT_INDIRECT_SELECTION_ENV] = params.indirect_selection
-        # dbt re-reads only the files changed since the project's last parse (keep_parse).
-        kept = Path(self.kept_parses) / kept_parse_name(env) if self.kept_parses else None
-        if kept is not None and kept.exists():
-            target_path.mkdir(parents=True, exist_ok=True)
-            # Another process may have pruned it since (keep_parse): dbt then parses whole.
-            with contextlib.suppress(FileNotFoundError):
-                shutil.copyfile(kept, target_path / PARTIAL_PARSE)
+        if self.kept_parses:
+            seed_parse(Path(self.kept_parses), target_path, env)
         command = [
             self.dbt_executable,
             *self.global_config_flags,

@@ -23,7 +23,7 @@ import dagster as dg
 import psycopg
 from psycopg import sql
 
-from cdp_assets.analytics.dbt_project import DBT_TARGET_DIR, invocation_folders
+from cdp_assets.analytics.dbt_project import DBT_TARGET_DIR, invocation_folders, modified_at
 from cdp_assets.lib import settings
 from cdp_assets.lib.warehouse import migrated_url
 
@@ -136,20 +136,13 @@ def _prune_dagster_runs(instance: dg.DagsterInstance, cutoff: datetime, dry_run:
 
 
 def _prune_dbt_output(target: Path, cutoff: datetime, dry_run: bool) -> int:
-    """The platform's dbt invocation folders in `target` last written before `cutoff`."""
-    old = [path for path in invocation_folders(target) if _written(path) < cutoff.timestamp()]
+    """The platform's dbt invocation folders in `target` last changed before `cutoff` (one
+    another process removed meanwhile, modified at 0, is not counted)."""
+    old = [p for p in invocation_folders(target) if 0 < modified_at(p) < cutoff.timestamp()]
     if not dry_run:
         for path in old:
             shutil.rmtree(path, ignore_errors=True)
     return len(old)
-
-
-def _written(path: Path) -> float:
-    """When `path` was last written; never, if another process removed it meanwhile."""
-    try:
-        return path.stat().st_mtime
-    except FileNotFoundError:
-        return float("inf")
 
 
 def run_maintenance(

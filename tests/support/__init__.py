@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import tempfile
 import time
@@ -25,7 +24,7 @@ from cdp_assets.analytics.dbt_project import (
     dbt_connection_env,
     keep_parse,
 )
-from cdp_assets.framework.dbt_cli import PARTIAL_PARSE, kept_parse_name
+from cdp_assets.framework.dbt_cli import seed_parse
 from cdp_assets.framework.dbt_fork import ForkedDbt
 from cdp_assets.lib.environ import temporary_environment
 from cdp_assets.lib.warehouse import WarehouseResource
@@ -229,9 +228,8 @@ def run_dbt(warehouse_url: str, *args: str, succeeds: bool = True) -> str:
     with tempfile.TemporaryDirectory() as folder:
         target = Path(folder)
         env["DBT_TARGET_PATH"] = env["DBT_LOG_PATH"] = str(target)
-        kept = PRODUCTION_STATE / kept_parse_name(env)
-        if keeps and kept.exists():
-            shutil.copyfile(kept, target / PARTIAL_PARSE)
+        if keeps:
+            seed_parse(PRODUCTION_STATE, target, env)
         dbt = ForkedDbt(command, env, DBT_PROJECT_DIR)
         try:
             with dbt.stdout:
