@@ -1,9 +1,12 @@
 """A synthetic warehouse holding exactly the relations activation reads, for tests and the
 activation benchmark.
 
-`marts.customers` has the mart's identifier columns and `audiences.audience_test` is a
-materialized view over a plain table of (tenant, customer) pairs, so a caller changes an
-audience's membership with one statement and a refresh, as dbt would after a rebuild.
+`marts.customers` has the mart's identifier columns and `audiences.audience_test` is a table
+of (tenant, customer) pairs keyed as dbt keys every audience table (unique on both), so a
+caller changes an audience's membership as a refresh of the audiences would. Each change is
+followed by the ANALYZE dbt's build runs after a change that large (macro analyze_if_stale):
+on statistics that say a tenant has no rows, the planner joins the two in a nested loop
+over the whole tenant for each member, minutes for an audience of tens of thousands.
 The dbt-built relations themselves are exercised end to end by the pipeline tests.
 """
 
@@ -30,11 +33,9 @@ CREATE TABLE marts.customers (
     email_sha256 text, phone_sha256 text, document text, is_newsletter_opt_in boolean,
     PRIMARY KEY (tenant_id, customer_key)
 );
-CREATE TABLE public.test_members (
+CREATE TABLE audiences.{AUDIENCE} (
     tenant_id text, customer_key text, PRIMARY KEY (tenant_id, customer_key)
 );
-CREATE MATERIALIZED VIEW audiences.{AUDIENCE} AS
-    SELECT tenant_id, customer_key FROM public.test_members;
 """
 
 # Customer i of a tenant: mixed-case e-mail, a national mobile number, accented names; every
@@ -78,15 +79,16 @@ def activation_warehouse() -> Iterator[str]:
 def add_tenant_with_customers(conn: psycopg.Connection, tenant_id: str, customers: int) -> None:
     add_tenant(conn, Tenant(tenant_id, tenant_id.replace("_", "-"), "UNUSED_KEY", "UNUSED_TOKEN"))
     conn.execute(CUSTOMERS, {"tenant": tenant_id, "first": 0, "last": customers - 1})
+    conn.execute("ANALYZE marts.customers")
     conn.commit()
 
 
 def set_members(conn: psycopg.Connection, tenant_id: str, numbers: range | list[int]) -> None:
-    """Make the tenant's audience exactly these customer numbers, and refresh the view."""
-    conn.execute("DELETE FROM public.test_members WHERE tenant_id = %s", (tenant_id,))
+    """Make the tenant's audience exactly these customer numbers, in one transaction."""
+    conn.execute(f"DELETE FROM audiences.{AUDIENCE} WHERE tenant_id = %s", (tenant_id,))
     conn.execute(
-        "INSERT INTO public.test_members SELECT %s, %s || '-' || i FROM unnest(%s::int[]) i",
+        f"INSERT INTO audiences.{AUDIENCE} SELECT %s, %s || '-' || i FROM unnest(%s::int[]) i",
         (tenant_id, tenant_id, list(numbers)),
     )
-    conn.execute(f"REFRESH MATERIALIZED VIEW audiences.{AUDIENCE}")
+    conn.execute(f"ANALYZE audiences.{AUDIENCE}")
     conn.commit()

@@ -31,6 +31,7 @@ from support.activation import (
     activation_warehouse,
     add_tenant_with_customers,
     register_destination,
+    set_members,
 )
 
 from cdp_assets.activation.audiences import audience_members
@@ -649,13 +650,7 @@ def synthetic() -> Iterator[str]:
     with activation_warehouse() as url:
         with psycopg.connect(url) as conn:
             add_tenant_with_customers(conn, TENANT, 30)
-            conn.execute(
-                "INSERT INTO public.test_members SELECT %s, %s || '-' || i"
-                " FROM generate_series(0, 29) i",
-                (TENANT, TENANT),
-            )
-            conn.execute("REFRESH MATERIALIZED VIEW audiences.audience_test")
-            conn.commit()
+            set_members(conn, TENANT, range(30))
         yield url
 
 
