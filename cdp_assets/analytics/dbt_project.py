@@ -25,7 +25,8 @@ from dagster_dbt import (
 from filelock import FileLock
 
 from cdp_assets.analytics.automation import ANALYTICS_AUTOMATION
-from cdp_assets.framework.dbt_cli import PARTIAL_PARSE, CdpDbtCliResource, kept_parse_name
+from cdp_assets.framework.dbt_cli import CdpDbtCliResource, kept_parse_name
+from cdp_assets.framework.dbt_fork import PARTIAL_PARSE
 from cdp_assets.lib import settings
 from cdp_assets.lib.environ import temporary_environment
 from cdp_assets.partitions import tenants

@@ -21,10 +21,9 @@ from dagster_dbt.asset_utils import (
 )
 from packaging.version import Version
 
-from cdp_assets.framework.dbt_fork import ForkedDbt
+from cdp_assets.framework.dbt_fork import PARTIAL_PARSE, ForkedDbt
 from cdp_assets.lib.environ import temporary_environment
 
-PARTIAL_PARSE = "partial_parse.msgpack"
 # What profiles.yml connects with, but the password.
 CONNECTION_VARIABLES = ("CDP_PGHOST", "CDP_PGPORT", "CDP_PGUSER", "CDP_PGDATABASE")
 

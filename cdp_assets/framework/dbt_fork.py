@@ -7,6 +7,11 @@ starts its command at once. The child runs dbt's own command line entry point on
 arguments, environment and folder as the `dbt` process would, writes the same JSON log lines to
 a pipe and exits with the same code: dagster-dbt's invocation reads it as it reads the
 subprocess.
+
+The child still does what every dbt command does before its work, more than a second of CPU:
+build the JSON schemas it validates the project against, inspect the call stack of each
+adapter option, read the saved parse. A process forking a second command first parses the
+project in-process (`_warm_up`): those are then built once, and each child inherits them.
 """
 
 from __future__ import annotations
@@ -14,15 +19,24 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Mapping, Sequence
 from contextlib import suppress
 from pathlib import Path
 from typing import NoReturn
+
+from cdp_assets.lib.environ import temporary_environment
+
+PARTIAL_PARSE = "partial_parse.msgpack"
+# The options of a dbt command that say which project it parses, and how.
+PARSE_OPTIONS = ("--project-dir", "--profiles-dir", "--profile", "--target")
 
 
 class ForkedDbt:
@@ -32,6 +46,7 @@ class ForkedDbt:
     def __init__(self, args: Sequence[str], env: Mapping[str, str], cwd: Path) -> None:
         self.args = list(args)
         self.returncode: int | None = None
+        _warm_before_second_fork(self.args[1:], env, cwd)
         read_end, write_end = os.pipe()
         self.pid = os.fork()
         if self.pid == 0:
@@ -63,6 +78,51 @@ class ForkedDbt:
     def send_signal(self, signum: int) -> None:
         if self.poll() is None:
             os.kill(self.pid, signum)
+
+
+_forks = 0
+_warming = threading.Lock()
+
+
+def _warm_before_second_fork(args: Sequence[str], env: Mapping[str, str], cwd: Path) -> None:
+    """Warm this process for its dbt commands when it forks its second (`_warm_up`). A process
+    forking one (a step's) pays the same either way, so it does not."""
+    global _forks
+    with _warming:
+        _forks += 1
+        if _forks == 2:
+            _warm_up(args, env, cwd)
+
+
+def _warm_up(args: Sequence[str], env: Mapping[str, str], cwd: Path) -> None:
+    """Parse the project of dbt command `args` in this process, quietly, from a copy of the
+    saved parse it will read, in a folder of its own. What dbt builds on the way is built
+    once per class, never per project: a child forked later inherits it, whatever the
+    project's files then hold. A failure here is the child's to report, with its own output."""
+    options = [
+        argument
+        for option, value in zip(args, args[1:], strict=False)
+        if option in PARSE_OPTIONS
+        for argument in (option, value)
+    ]
+    if "--project-dir" not in options:
+        options += ["--project-dir", str(cwd)]
+    saved = Path(env.get("DBT_TARGET_PATH", cwd / "target")) / PARTIAL_PARSE
+    with tempfile.TemporaryDirectory(prefix="dbt-warm-up-") as folder:
+        with suppress(OSError):
+            shutil.copyfile(saved, Path(folder) / PARTIAL_PARSE)
+        from dbt.adapters.factory import reset_adapters
+        from dbt.cli.main import dbtRunner
+        from dbt_common.events.event_manager_client import cleanup_event_logger
+
+        try:
+            with temporary_environment({**env, "DBT_TARGET_PATH": folder, "DBT_LOG_PATH": folder}):
+                dbtRunner().invoke(["parse", "--log-level", "none", "--no-write-json", *options])
+        except Exception:  # noqa: BLE001 (see above)
+            pass
+        finally:
+            cleanup_event_logger()
+            reset_adapters()
 
 
 def _run_dbt_cli(args: Sequence[str], env: Mapping[str, str], cwd: Path, output: int) -> NoReturn:

@@ -58,7 +58,7 @@ from cdp_assets.analytics.dbt_project import (
 )
 from cdp_assets.analytics.jobs import ANALYTICS_JOB, all_tenants_tags
 from cdp_assets.analytics.prediction_refresh import SUMMARY_MODEL, fit_and_replace
-from cdp_assets.framework.dbt_cli import PARTIAL_PARSE
+from cdp_assets.framework.dbt_fork import PARTIAL_PARSE
 from cdp_assets.lib.environ import temporary_environment
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.partitions import RANGE_END_TAG, RANGE_START_TAG

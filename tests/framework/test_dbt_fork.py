@@ -9,6 +9,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -122,3 +123,53 @@ def test_the_parents_connection_outlives_a_forked_dbt(
         # The child inherited the connection's socket; had it closed the connection on its
         # way out, the server would have ended this session.
         assert parent.execute("SELECT pg_backend_pid()").fetchone()[0] == before
+
+
+# A process of its own: whether it has forked before is the module's state.
+TWO_FORKS = """
+import json, os, sys
+from dbt.adapters.factory import FACTORY
+from dbt.contracts.project import Project
+from dbt_common.events.event_manager_client import get_event_manager
+from cdp_assets.analytics.dbt_project import DBT_PROJECT_DIR
+from cdp_assets.framework.dbt_fork import ForkedDbt
+
+command, env = json.loads(sys.argv[1])
+environment = dict(os.environ)
+schemas = Project.json_schema.__func__.cache_info
+report = {}
+for fork in ("first", "second"):
+    forked = ForkedDbt(command, env, DBT_PROJECT_DIR)
+    forked.stdout.read()
+    report[fork] = {"code": forked.wait(), "schemas": schemas().currsize}
+report["environment_kept"] = dict(os.environ) == environment
+report["loggers"] = len(get_event_manager().loggers)
+report["adapters"] = len(FACTORY.adapters)
+print(json.dumps(report))
+"""
+
+
+def test_a_process_warms_dbt_before_its_second_fork_and_keeps_nothing_of_it(
+    dbt_env: dict[str, str], tmp_path: Path
+) -> None:
+    command = dbt_command("parse", "--target", "prod")
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    found = subprocess.run(
+        [sys.executable, "-c", TWO_FORKS, json.dumps([command, dbt_env])],
+        env={**os.environ, "TMPDIR": str(temporary)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    report = json.loads(found.stdout.splitlines()[-1])
+    # One fork: the process built nothing of dbt's itself (its child did).
+    assert report["first"] == {"code": 0, "schemas": 0}
+    # Before the second, it parsed the project: the schemas its children validate with are
+    # built, and they inherit them.
+    assert report["second"]["code"] == 0 and report["second"]["schemas"] > 0
+    # The parse left the process as it was: its environment, no log handler, no adapter, no
+    # folder.
+    assert report["environment_kept"] and report["loggers"] == report["adapters"] == 0
+    assert list(temporary.iterdir()) == []
