@@ -7,6 +7,7 @@ import os
 import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import dagster as dg
 import psycopg
@@ -24,6 +25,16 @@ from cdp_assets.ops.maintenance import (
     run_maintenance,
 )
 from cdp_assets.ops.schedules import maintenance_schedule
+
+# What the tests below give the maintenance as dbt's output folder: none, never created. The
+# checkout's own (the default) holds the dbt folders of the developer and of the tests beside.
+NO_DBT_OUTPUT = Path(__file__).with_name("no_dbt_output")
+
+
+def maintain(conn: psycopg.Connection, **options: Any) -> list:
+    """The maintenance of the warehouse alone (no Dagster instance), on NO_DBT_OUTPUT."""
+    return run_maintenance(conn, None, dbt_output=NO_DBT_OUTPUT, **options)
+
 
 # Per kind of record: how to insert one last touched at %(at)s, marked %(mark)s.
 INSERTS = {
@@ -114,7 +125,7 @@ def aged_rows(conn: psycopg.Connection) -> dict[str, tuple[str, str]]:
 def test_maintenance_removes_only_rows_past_their_retention_and_is_idempotent(
     conn: psycopg.Connection, aged_rows: dict[str, tuple[str, str]]
 ) -> None:
-    pruned = {p.name: p.rows for p in run_maintenance(conn, None)}
+    pruned = {p.name: p.rows for p in maintain(conn)}
 
     for name, (old, young) in aged_rows.items():
         left = _marks(conn, name)
@@ -122,7 +133,7 @@ def test_maintenance_removes_only_rows_past_their_retention_and_is_idempotent(
         assert young in left, name
         assert pruned[name] >= 1, name
     assert "maint-pending" in _marks(conn, "destination_requests")
-    again = {p.name: p.rows for p in run_maintenance(conn, None)}
+    again = {p.name: p.rows for p in maintain(conn)}
     assert again == dict.fromkeys(again, 0)
 
 
@@ -135,7 +146,7 @@ def test_maintenance_refreshes_the_planner_statistics_of_the_big_tables(
     before = dict(conn.execute(counts, (oids,)).fetchall())
     conn.commit()
 
-    run_maintenance(conn, None)
+    maintain(conn)
 
     conn.execute("SELECT pg_stat_clear_snapshot()")
     after = dict(conn.execute(counts, (oids,)).fetchall())
@@ -148,10 +159,10 @@ def test_a_dry_run_counts_what_maintenance_would_remove_and_removes_nothing(
 ) -> None:
     before = {name: _marks(conn, name) for name in aged_rows}
 
-    would = {p.name: p.rows for p in run_maintenance(conn, None, dry_run=True)}
+    would = {p.name: p.rows for p in maintain(conn, dry_run=True)}
 
     assert {name: _marks(conn, name) for name in aged_rows} == before
-    removed = {p.name: p.rows for p in run_maintenance(conn, None)}
+    removed = {p.name: p.rows for p in maintain(conn)}
     assert would == removed
 
 
@@ -169,7 +180,7 @@ def test_the_latest_synced_run_of_each_audience_is_kept_whatever_its_age(
         )
     conn.commit()
 
-    run_maintenance(conn, None)
+    maintain(conn)
 
     kept = conn.execute(
         "SELECT reason FROM cdp.activation_runs WHERE audience = %s", (audience,)
@@ -185,16 +196,16 @@ def test_a_retention_setting_overrides_the_default_and_a_bad_one_is_refused(
     conn.execute(INSERTS["rejects"], {"mark": mark, "at": datetime.now(UTC) - timedelta(days=10)})
     conn.commit()
     monkeypatch.setenv(rejects.setting, "30")
-    run_maintenance(conn, None)
+    maintain(conn)
     assert mark in _marks(conn, "rejects")
 
     monkeypatch.setenv(rejects.setting, "7")
-    run_maintenance(conn, None)
+    maintain(conn)
     assert mark not in _marks(conn, "rejects")
 
     monkeypatch.setenv(rejects.setting, "0")
     with pytest.raises(RetentionError, match=rejects.setting):
-        run_maintenance(conn, None)
+        maintain(conn)
 
 
 @dg.asset
