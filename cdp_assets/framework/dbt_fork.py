@@ -37,6 +37,10 @@ from cdp_assets.lib.environ import temporary_environment
 PARTIAL_PARSE = "partial_parse.msgpack"
 # The options of a dbt command that say which project it parses, and how.
 PARSE_OPTIONS = ("--project-dir", "--profiles-dir", "--profile", "--target")
+# The warm-up's parse, quiet and writing nothing. Without dbt's static parser: its Rust
+# extension's state does not survive a fork, and a child parsing a model with it after the
+# parent had waited forever.
+WARM_UP = ("parse", "--log-level", "none", "--no-write-json", "--no-static-parser")
 
 
 class ForkedDbt:
@@ -117,7 +121,7 @@ def _warm_up(args: Sequence[str], env: Mapping[str, str], cwd: Path) -> None:
 
         try:
             with temporary_environment({**env, "DBT_TARGET_PATH": folder, "DBT_LOG_PATH": folder}):
-                dbtRunner().invoke(["parse", "--log-level", "none", "--no-write-json", *options])
+                dbtRunner().invoke([*WARM_UP, *options])
         except Exception:  # noqa: BLE001 (see above)
             pass
         finally:

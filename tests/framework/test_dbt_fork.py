@@ -4,6 +4,7 @@ alone."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -125,9 +126,11 @@ def test_the_parents_connection_outlives_a_forked_dbt(
         assert parent.execute("SELECT pg_backend_pid()").fetchone()[0] == before
 
 
-# A process of its own: whether it has forked before is the module's state.
-TWO_FORKS = """
-import json, os, sys
+# A process of its own: whether it has forked before is the module's state. Each command in a
+# folder of its own, none holding a saved parse: every parse is whole, the warm-up's too, and
+# the third command's (its vars differ) uses dbt's static parser in the child after it.
+THREE_FORKS = """
+import json, os, sys, tempfile
 from dbt.adapters.factory import FACTORY
 from dbt.contracts.project import Project
 from dbt_common.events.event_manager_client import get_event_manager
@@ -138,8 +141,12 @@ command, env = json.loads(sys.argv[1])
 environment = dict(os.environ)
 schemas = Project.json_schema.__func__.cache_info
 report = {}
-for fork in ("first", "second"):
-    forked = ForkedDbt(command, env, DBT_PROJECT_DIR)
+for fork, extra in (("first", []), ("second", []), ("third", ["--vars", "{as_of: 2026-01-01}"])):
+    folder = tempfile.mkdtemp()
+    forked = ForkedDbt(
+        [*command, *extra], {**env, "DBT_TARGET_PATH": folder, "DBT_LOG_PATH": folder},
+        DBT_PROJECT_DIR,
+    )
     forked.stdout.read()
     report[fork] = {"code": forked.wait(), "schemas": schemas().currsize}
 report["environment_kept"] = dict(os.environ) == environment
@@ -155,21 +162,30 @@ def test_a_process_warms_dbt_before_its_second_fork_and_keeps_nothing_of_it(
     command = dbt_command("parse", "--target", "prod")
     temporary = tmp_path / "tmp"
     temporary.mkdir()
-    found = subprocess.run(
-        [sys.executable, "-c", TWO_FORKS, json.dumps([command, dbt_env])],
+    # A session of its own, so that a child stuck on what the parent's parse left (see
+    # WARM_UP), which never ends, is stopped with it.
+    process = subprocess.Popen(
+        [sys.executable, "-c", THREE_FORKS, json.dumps([command, dbt_env])],
         env={**os.environ, "TMPDIR": str(temporary)},
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=300,
-        check=True,
+        start_new_session=True,
     )
-    report = json.loads(found.stdout.splitlines()[-1])
+    try:
+        output, errors = process.communicate(timeout=240)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+    assert process.returncode == 0, errors[-3000:]
+    report = json.loads(output.splitlines()[-1])
     # One fork: the process built nothing of dbt's itself (its child did).
     assert report["first"] == {"code": 0, "schemas": 0}
     # Before the second, it parsed the project: the schemas its children validate with are
-    # built, and they inherit them.
-    assert report["second"]["code"] == 0 and report["second"]["schemas"] > 0
+    # built, and they inherit them; a later child parses whole as before.
+    assert report["second"]["code"] == report["third"]["code"] == 0
+    assert report["second"]["schemas"] > 0
     # The parse left the process as it was: its environment, no log handler, no adapter, no
-    # folder.
+    # folder of its own.
     assert report["environment_kept"] and report["loggers"] == report["adapters"] == 0
-    assert list(temporary.iterdir()) == []
+    assert not [path for path in temporary.iterdir() if path.name.startswith("dbt-warm-up-")]
