@@ -37,10 +37,17 @@ from cdp_assets.lib.environ import temporary_environment
 PARTIAL_PARSE = "partial_parse.msgpack"
 # The options of a dbt command that say which project it parses, and how.
 PARSE_OPTIONS = ("--project-dir", "--profiles-dir", "--profile", "--target")
-# The warm-up's parse, quiet and writing nothing. Without dbt's static parser: its Rust
-# extension's state does not survive a fork, and a child parsing a model with it after the
-# parent had waited forever.
-WARM_UP = ("parse", "--log-level", "none", "--no-write-json", "--no-static-parser")
+# The warm-up's parse, quiet, writing nothing and sending nothing. Without dbt's static parser:
+# its Rust extension's state does not survive a fork, and a child parsing a model with it after
+# the parent had waited forever. Nor tracking, whose sender would be a thread of the parent's.
+WARM_UP = (
+    "parse",
+    "--log-level",
+    "none",
+    "--no-write-json",
+    "--no-static-parser",
+    "--no-send-anonymous-usage-stats",
+)
 
 
 class ForkedDbt:
