@@ -11,18 +11,16 @@ import time
 import warnings
 from contextlib import AbstractContextManager, ExitStack
 from datetime import date
-from importlib import metadata
+from importlib import import_module, metadata
 from pathlib import Path
 
 import click
 import psycopg
 
-from cdp_assets.activation.cli import destinations
 from cdp_assets.lib import settings
 from cdp_assets.lib.database import DatabaseUrlError
+from cdp_assets.lib.migrations import migrated_url
 from cdp_assets.lib.redaction import redact
-from cdp_assets.lib.warehouse import migrated_url
-from cdp_assets.privacy.cli import privacy
 from cdp_assets.tenants.registry import (
     Tenant,
     TenantError,
@@ -39,9 +37,27 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
 
 
+# Command groups imported only when they run (or `--help` lists them): they import Dagster,
+# which `cdp dbt` and `cdp status` do without (seconds of a command's start).
+LAZY_GROUPS = {
+    "destinations": "cdp_assets.activation.cli:destinations",
+    "privacy": "cdp_assets.privacy.cli:privacy",
+}
+
+
 class _Cli(click.Group):
     """The common mistakes of a deployment end in one line naming the cause and the fix, not a
-    traceback: a database that cannot be reached, a malformed DATABASE_URL."""
+    traceback: a database that cannot be reached, a malformed DATABASE_URL. The groups of
+    LAZY_GROUPS are imported when asked for."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *LAZY_GROUPS})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in LAZY_GROUPS and cmd_name not in self.commands:
+            module, name = LAZY_GROUPS[cmd_name].split(":")
+            self.add_command(getattr(import_module(module), name), cmd_name)
+        return super().get_command(ctx, cmd_name)
 
     def invoke(self, ctx: click.Context) -> object:
         try:
@@ -73,10 +89,6 @@ def main() -> None:
 
     The database is DATABASE_URL, or an embedded PostgreSQL under CDP_HOME (default ~/.cdp).
     """
-
-
-main.add_command(destinations)
-main.add_command(privacy)
 
 
 @main.command()
@@ -421,7 +433,7 @@ def dbt(args: tuple[str, ...]) -> None:
     for what the command does not build, by production's manifest (dbt_project/target/
     production/). `cdp dbt exposures` writes the destinations into the project as dbt
     exposures."""
-    from cdp_assets.analytics.dbt_project import (
+    from cdp_assets.analytics.dbt_files import (
         DBT_EXECUTABLE,
         DBT_PROJECT_DIR,
         PRODUCTION_TARGET,
@@ -449,9 +461,10 @@ def dbt(args: tuple[str, ...]) -> None:
             env["DBT_STATE"] = str(refresh_production_state(env))
         except subprocess.CalledProcessError as failed:  # dbt printed why
             raise SystemExit(failed.returncode) from None
+    # The project's profiles whatever DBT_PROFILES_DIR says elsewhere, unless the command
+    # names others; in the environment, since dbt's global options (--version) take no such flag.
+    env["DBT_PROFILES_DIR"] = str(DBT_PROJECT_DIR)
     command = [DBT_EXECUTABLE, *args]
-    if args and "--profiles-dir" not in args:
-        command += ["--profiles-dir", str(DBT_PROJECT_DIR)]
     raise SystemExit(subprocess.call(command, cwd=DBT_PROJECT_DIR, env=env))
 
 

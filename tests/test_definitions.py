@@ -5,7 +5,7 @@ from pathlib import Path
 
 import dagster as dg
 
-from cdp_assets.analytics.dbt_project import DBT_PROJECT_DIR
+from cdp_assets.analytics.dbt_files import DBT_PROJECT_DIR
 from cdp_assets.definitions import defs
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -15,7 +15,7 @@ from psycopg import sql
 from cdp_assets.activation.destinations import DestinationAudience
 from cdp_assets.activation.identifiers import Contact
 from cdp_assets.activation.sync import MemberSource
-from cdp_assets.analytics.dbt_project import MANIFEST_PATH, manifest_audiences
+from cdp_assets.analytics.dbt_files import MANIFEST_PATH, manifest_audiences
 
 RowBuilder = Callable[[Contact, str], list[str]]
 

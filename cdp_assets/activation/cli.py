@@ -29,7 +29,7 @@ from cdp_assets.activation.vtex_masterdata.writeback import (
     missing_fields,
 )
 from cdp_assets.lib.ages import format_age
-from cdp_assets.lib.warehouse import migrated_url
+from cdp_assets.lib.migrations import migrated_url
 from cdp_assets.tenants.registry import SLUG, TenantError
 from cdp_assets.vtex.client import VtexError
 
@@ -232,7 +232,8 @@ def _require_customer_fields(audience: str, params: dict) -> None:
 def _require_audience(name: object) -> None:
     """Refuse a name that is not an audience of the dbt project, naming the closest ones: a
     misspelt audience would otherwise fail only when the run pushes it."""
-    from cdp_assets.analytics.dbt_project import ensure_manifest, manifest_audiences
+    from cdp_assets.analytics.dbt_files import manifest_audiences
+    from cdp_assets.analytics.dbt_project import ensure_manifest
 
     if not isinstance(name, str):
         raise click.ClickException("a collection rule names its audience: --param audience=NAME")

@@ -15,6 +15,12 @@ from dagster_dbt import dbt_assets, get_asset_key_for_model
 from cdp_assets.analytics.automation import ANALYTICS_AUTOMATION
 from cdp_assets.analytics.clv_holdout import score_tenants
 from cdp_assets.analytics.clv_scorecard import Scorecard
+from cdp_assets.analytics.dbt_files import (
+    RUN_VARS_ENV,
+    dbt_connection_env,
+    keep_parse,
+    refresh_exposures,
+)
 from cdp_assets.analytics.dbt_metadata import (
     freshness_metadata,
     holdout_metadata,
@@ -22,15 +28,7 @@ from cdp_assets.analytics.dbt_metadata import (
     segment_metadata,
     source_landings,
 )
-from cdp_assets.analytics.dbt_project import (
-    RUN_VARS_ENV,
-    dbt_connection_env,
-    dbt_project,
-    ensure_manifest,
-    keep_parse,
-    refresh_exposures,
-    tenant_translator,
-)
+from cdp_assets.analytics.dbt_project import dbt_project, ensure_manifest, tenant_translator
 from cdp_assets.analytics.prediction_refresh import (
     HOLDOUT_SUMMARY_MODEL,
     REFIT_AFTER_DAYS,
@@ -43,7 +41,8 @@ from cdp_assets.analytics.predictions import HORIZON_MONTHS
 from cdp_assets.framework.dbt_cli import CdpDbtCliResource
 from cdp_assets.lib import settings
 from cdp_assets.lib.dagster_home import DBT_POOL
-from cdp_assets.lib.warehouse import WarehouseResource, migrated_url
+from cdp_assets.lib.migrations import migrated_url
+from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.partitions import tenants
 from cdp_assets.tenants.registry import SLUG
 

@@ -2,10 +2,7 @@
 skipped where this project does not need it, and the command runs in a child forked from the
 step process (dbt_fork.py). Targets dagster-dbt 0.29.27 (see README.md of this folder)."""
 
-import contextlib
-import hashlib
 import os
-import shutil
 import sys
 from collections.abc import Mapping, Sequence
 from functools import cached_property
@@ -21,31 +18,9 @@ from dagster_dbt.asset_utils import (
 )
 from packaging.version import Version
 
-from cdp_assets.framework.dbt_fork import PARTIAL_PARSE, ForkedDbt
+from cdp_assets.framework.dbt_fork import ForkedDbt
+from cdp_assets.framework.dbt_parse import seed_parse
 from cdp_assets.lib.environ import temporary_environment
-
-# What profiles.yml connects with, but the password.
-CONNECTION_VARIABLES = ("CDP_PGHOST", "CDP_PGPORT", "CDP_PGUSER", "CDP_PGDATABASE")
-
-
-def kept_parse_name(env: Mapping[str, str]) -> str:
-    """The file keeping the project's parse for the database `env` connects to (its CDP_PG*
-    variables): dbt discards a parse made with another profile, so processes on several
-    databases (a test suite's workers) would each discard the others' parse."""
-    where = "|".join(env.get(name, "") for name in CONNECTION_VARIABLES)
-    return f"partial_parse-{hashlib.sha256(where.encode()).hexdigest()[:16]}.msgpack"
-
-
-def seed_parse(kept_parses: Path, target_path: Path, env: Mapping[str, str]) -> None:
-    """Copy the project's kept parse for the database of `env` (kept_parse_name) from
-    `kept_parses` into `target_path`, if there is one: dbt re-reads only the files changed
-    since."""
-    kept = kept_parses / kept_parse_name(env)
-    if kept.exists():
-        target_path.mkdir(parents=True, exist_ok=True)
-        # Another process may have pruned it since (keep_parse): dbt then parses whole.
-        with contextlib.suppress(FileNotFoundError):
-            shutil.copyfile(kept, target_path / PARTIAL_PARSE)
 
 
 class CdpDbtCliResource(DbtCliResource):

@@ -32,9 +32,9 @@ from contextlib import suppress
 from pathlib import Path
 from typing import NoReturn
 
+from cdp_assets.framework.dbt_parse import PARTIAL_PARSE
 from cdp_assets.lib.environ import temporary_environment
 
-PARTIAL_PARSE = "partial_parse.msgpack"
 # The options of a dbt command that say which project it parses, and how.
 PARSE_OPTIONS = ("--project-dir", "--profiles-dir", "--profile", "--target")
 # The warm-up's parse, quiet, writing nothing and sending nothing. Without dbt's static parser:

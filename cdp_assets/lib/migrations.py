@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import threading
 from importlib.resources import files
 
 import psycopg
 
-from cdp_assets.lib.database import ensure_database
+from cdp_assets.lib.database import database_url, ensure_database
 
 # Any constant works; it only has to be the same in every process that migrates.
 _MIGRATION_LOCK = 727_001
@@ -44,3 +45,17 @@ def migrate(url: str) -> list[str]:
             applied_now.append(version)
         conn.execute("SELECT pg_advisory_unlock(%s)", (_MIGRATION_LOCK,))
     return applied_now
+
+
+_migrated: set[str] = set()
+_migrate_lock = threading.Lock()
+
+
+def migrated_url(url: str | None = None) -> str:
+    """The warehouse URL, with the migrations applied once per process."""
+    url = url or database_url()
+    with _migrate_lock:
+        if url not in _migrated:
+            migrate(url)
+            _migrated.add(url)
+    return url

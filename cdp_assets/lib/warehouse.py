@@ -1,25 +1,10 @@
 """The warehouse as a Dagster resource: a Postgres connection with the schema migrated."""
 
-import threading
-
 import dagster as dg
 import psycopg
 
-from cdp_assets.lib.database import connect, database_url
-from cdp_assets.lib.migrations import migrate
-
-_migrated: set[str] = set()
-_migrate_lock = threading.Lock()
-
-
-def migrated_url(url: str | None = None) -> str:
-    """The warehouse URL, with the migrations applied once per process."""
-    url = url or database_url()
-    with _migrate_lock:
-        if url not in _migrated:
-            migrate(url)
-            _migrated.add(url)
-    return url
+from cdp_assets.lib.database import connect
+from cdp_assets.lib.migrations import migrated_url
 
 
 class WarehouseResource(dg.ConfigurableResource):

@@ -23,9 +23,9 @@ import dagster as dg
 import psycopg
 from psycopg import sql
 
-from cdp_assets.analytics.dbt_project import DBT_TARGET_DIR, invocation_folders, modified_at
+from cdp_assets.analytics.dbt_files import DBT_TARGET_DIR, invocation_folders, modified_at
 from cdp_assets.lib import settings
-from cdp_assets.lib.warehouse import migrated_url
+from cdp_assets.lib.migrations import migrated_url
 
 
 @dataclass(frozen=True)

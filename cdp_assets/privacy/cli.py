@@ -14,7 +14,7 @@ from cdp_assets.activation.destinations import (
     DestinationError,
     set_consent_policy,
 )
-from cdp_assets.lib.warehouse import migrated_url
+from cdp_assets.lib.migrations import migrated_url
 from cdp_assets.privacy.audit import get_request
 from cdp_assets.privacy.erase import (
     AwaitingPlatforms,

@@ -3,7 +3,7 @@
 import dagster as dg
 
 from cdp_assets.lib import settings
-from cdp_assets.lib.warehouse import migrated_url
+from cdp_assets.lib.migrations import migrated_url
 from cdp_assets.tenants.registry import Tenant
 from cdp_assets.vtex.client import VtexClient
 

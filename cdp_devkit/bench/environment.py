@@ -35,7 +35,7 @@ import psycopg
 from cdp_assets.framework.executor import PRELOADED
 from cdp_assets.lib.dagster_home import apply_pool_limits
 from cdp_assets.lib.database import database_url, sqlalchemy_url, with_database
-from cdp_assets.lib.warehouse import migrated_url
+from cdp_assets.lib.migrations import migrated_url
 from cdp_assets.ops.metrics import OWN_FIGURES_PER_PARTITION
 from cdp_assets.tenants.registry import Tenant, add_tenant
 from cdp_assets.vtex.assets import MONTH_FIGURES

@@ -74,7 +74,7 @@ from dagster._utils.schedules import reverse_cron_string_iterator
 from dagster_shared.serdes.utils import create_snapshot_id
 
 from cdp_assets.lib.database import database_url, sqlalchemy_url, with_database
-from cdp_assets.lib.warehouse import migrated_url
+from cdp_assets.lib.migrations import migrated_url
 from cdp_assets.partitions import (
     RANGE_END_TAG,
     RANGE_START_TAG,

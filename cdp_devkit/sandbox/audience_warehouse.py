@@ -19,7 +19,7 @@ from contextlib import contextmanager
 import psycopg
 
 from cdp_assets.lib.database import database_url, with_database
-from cdp_assets.lib.warehouse import migrated_url
+from cdp_assets.lib.migrations import migrated_url
 from cdp_assets.tenants.registry import Tenant, add_tenant
 
 AUDIENCE = "audience_test"

@@ -12,7 +12,7 @@
     Every audience: each model of models/audiences/ but audience_catalog, for the catalog and
     the tests that read all of them. A model's dependencies are fixed when dbt parses it, and
     nothing then lists a folder (dbt-core#1212), so the platform and `cdp dbt` pass the
-    folder's models in env var CDP_AUDIENCE_MODELS (analytics/dbt_project.py,
+    folder's models in env var CDP_AUDIENCE_MODELS (analytics/dbt_files.py,
     audience_model_names): a new audience needs no list of its own.
 -#}
 {% macro audience_models() -%}

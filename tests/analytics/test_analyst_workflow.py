@@ -34,13 +34,8 @@ from cdp_assets.analytics.assets import (
     dbt_tenant_scoring,
     dbt_vars,
 )
-from cdp_assets.analytics.dbt_project import (
-    DBT_PROJECT_DIR,
-    SCHEMA_PREFIX_ENV,
-    dbt_resource,
-    ensure_manifest,
-    person_schema_prefix,
-)
+from cdp_assets.analytics.dbt_files import DBT_PROJECT_DIR, SCHEMA_PREFIX_ENV, person_schema_prefix
+from cdp_assets.analytics.dbt_project import dbt_resource, ensure_manifest
 from cdp_assets.lib.environ import temporary_environment
 from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.ops.freshness import FRESHNESS

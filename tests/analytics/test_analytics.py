@@ -48,14 +48,13 @@ from cdp_assets.analytics.assets import (
     holdout_predictions,
 )
 from cdp_assets.analytics.checks import audience_sizes_within_bounds
-from cdp_assets.analytics.dbt_project import (
+from cdp_assets.analytics.dbt_files import (
     DBT_EXECUTABLE,
     DBT_PROJECT_DIR,
     MANIFEST_PATH,
-    dbt_resource,
-    ensure_manifest,
     project_files,
 )
+from cdp_assets.analytics.dbt_project import dbt_resource, ensure_manifest
 from cdp_assets.analytics.jobs import ANALYTICS_JOB, all_tenants_tags
 from cdp_assets.analytics.prediction_refresh import SUMMARY_MODEL, fit_and_replace
 from cdp_assets.framework.dbt_fork import PARTIAL_PARSE

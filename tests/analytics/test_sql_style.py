@@ -14,7 +14,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from cdp_assets.analytics.dbt_project import DBT_PROJECT_DIR, dbt_connection_env
+from cdp_assets.analytics.dbt_files import DBT_PROJECT_DIR, dbt_connection_env
 from cdp_assets.lib.database import database_url, with_database
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from cdp_assets.activation.jobs import activation_push
-from cdp_assets.analytics.dbt_project import DBT_PROJECT_DIR
+from cdp_assets.analytics.dbt_files import DBT_PROJECT_DIR
 from cdp_assets.analytics.jobs import ANALYTICS_JOB, AUDIENCES_JOB, CHANGES_JOB
 from cdp_assets.vtex.jobs import FEED_SYNC_JOB, ORDERS_SYNC_JOB
 from cdp_devkit.bench import SCALES, run_bench

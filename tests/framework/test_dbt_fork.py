@@ -19,7 +19,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from cdp_assets.analytics.dbt_project import DBT_EXECUTABLE, DBT_PROJECT_DIR, dbt_connection_env
+from cdp_assets.analytics.dbt_files import DBT_EXECUTABLE, DBT_PROJECT_DIR, dbt_connection_env
 from cdp_assets.framework.dbt_fork import ForkedDbt
 
 
@@ -134,7 +134,7 @@ import json, os, sys, tempfile
 from dbt.adapters.factory import FACTORY
 from dbt.contracts.project import Project
 from dbt_common.events.event_manager_client import get_event_manager
-from cdp_assets.analytics.dbt_project import DBT_PROJECT_DIR
+from cdp_assets.analytics.dbt_files import DBT_PROJECT_DIR
 from cdp_assets.framework.dbt_fork import ForkedDbt
 
 command, env = json.loads(sys.argv[1])

@@ -28,7 +28,8 @@ from cdp_assets.cli import main
 from cdp_assets.framework.dagster_storage import storage_config
 from cdp_assets.lib.dagster_home import prepare_dagster_home
 from cdp_assets.lib.database import sqlalchemy_url, with_database
-from cdp_assets.lib.warehouse import WarehouseResource, migrated_url
+from cdp_assets.lib.migrations import migrated_url
+from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.ops.assets import operations_metrics
 from cdp_assets.ops.health import HEARTBEAT_TOLERANCE_ENV, instigator_problems, instigators_of
 from cdp_assets.ops.metrics import THRESHOLDS_ENV

@@ -17,7 +17,7 @@ from support import daemon_alive
 from cdp_assets.cli import main
 from cdp_assets.framework.dagster_storage import storage_config
 from cdp_assets.lib.database import sqlalchemy_url, with_database
-from cdp_assets.lib.warehouse import migrated_url
+from cdp_assets.lib.migrations import migrated_url
 from cdp_assets.ops.status import collect_status, watched_assets
 from cdp_assets.partitions import tenant_months, tenants
 from cdp_assets.tenants.registry import Tenant, add_tenant

@@ -66,7 +66,7 @@ from cdp_assets.activation.meta.resources import MetaResource
 from cdp_assets.activation.vtex_collections.assets import vtex_product_collections
 from cdp_assets.activation.vtex_collections.rules import LIMITS, collection_skus, rule_params
 from cdp_assets.analytics.assets import RUN_VARS_ENV, dbt_vars
-from cdp_assets.analytics.dbt_project import DBT_EXECUTABLE, DBT_PROJECT_DIR, dbt_connection_env
+from cdp_assets.analytics.dbt_files import DBT_EXECUTABLE, DBT_PROJECT_DIR, dbt_connection_env
 from cdp_assets.cli import main
 from cdp_assets.lib.rejects import Reject
 from cdp_assets.lib.upsert import Row

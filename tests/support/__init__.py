@@ -16,7 +16,7 @@ import orjson
 import psycopg
 from dagster._daemon.types import DaemonHeartbeat
 
-from cdp_assets.analytics.dbt_project import (
+from cdp_assets.analytics.dbt_files import (
     DBT_EXECUTABLE,
     DBT_PROJECT_DIR,
     PRODUCTION_STATE,

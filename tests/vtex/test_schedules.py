@@ -20,8 +20,9 @@ from cdp_assets.definitions import defs
 from cdp_assets.framework.dagster_storage import storage_config
 from cdp_assets.lib.dagster_home import apply_pool_limits
 from cdp_assets.lib.database import sqlalchemy_url, with_database
+from cdp_assets.lib.migrations import migrated_url
 from cdp_assets.lib.sync_state import OrderGaps
-from cdp_assets.lib.warehouse import WarehouseResource, migrated_url
+from cdp_assets.lib.warehouse import WarehouseResource
 from cdp_assets.partitions import (
     RANGE_END_TAG,
     RANGE_START_TAG,
