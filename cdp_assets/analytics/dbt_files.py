@@ -18,7 +18,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 import psycopg
 import yaml
 
-from cdp_assets.framework.dbt_parse import PARTIAL_PARSE, kept_parse_name
+from cdp_assets.framework.dbt_parse import PARTIAL_PARSE, kept_parse_name, seed_parse
 from cdp_assets.lib import settings
 
 DBT_PROJECT_DIR = Path(__file__).resolve().parents[2] / "dbt_project"
@@ -112,9 +112,7 @@ def refresh_production_state(env: Mapping[str, str]) -> Path:
     parsed = PRODUCTION_STATE / f".parse-{uuid.uuid4().hex}"
     parsed.mkdir()
     try:
-        kept = PRODUCTION_STATE / kept_parse_name(env)
-        if kept.exists():
-            shutil.copyfile(kept, parsed / PARTIAL_PARSE)
+        seed_parse(PRODUCTION_STATE, parsed, env)
         command = [DBT_EXECUTABLE, "parse", "--quiet", "--target", PRODUCTION_TARGET]
         command += ["--profiles-dir", str(DBT_PROJECT_DIR), "--target-path", str(parsed)]
         subprocess.run(command, cwd=DBT_PROJECT_DIR, env=env, check=True)
