@@ -66,6 +66,15 @@ def own_platform(warehouse_url: str) -> Iterator[tuple[str, dg.DagsterInstance]]
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+def _ticked(instance: dg.DagsterInstance) -> set[str]:
+    """The schedules and sensors the daemon has evaluated at least once."""
+    return {
+        state.instigator_name
+        for state in instance.all_instigator_state()
+        if instance.get_ticks(state.instigator_origin_id, state.selector_id, limit=1)
+    }
+
+
 def _all_fresh(instance: dg.DagsterInstance, tenant: str) -> None:
     for keys in watched_assets().values():
         for key in keys:
@@ -250,12 +259,15 @@ def test_the_health_endpoint_answers_200_then_503_naming_the_reason(tmp_path: Pa
         assert _health(f"http://127.0.0.1:{port}/other")[0] == 404
 
         # Every schedule and sensor the daemon ticks is judged: fine now, stalled if the
-        # clock ran on with no tick.
+        # clock ran on with no tick. A sensor the daemon has not evaluated yet has no state to
+        # judge (a loaded machine can answer healthy first), so the judgement waits for both.
+        judged = {"tenant_partitions_sensor", "sync_errors_sensor"}
+        wait_for("both sensors' first ticks", lambda: judged <= _ticked(instance), timeout=120)
         instigators = instigators_of(read_surface())
         now = datetime.now(UTC)
         assert instigator_problems(instance, instigators, now) == []
         stalled = instigator_problems(instance, instigators, now + timedelta(minutes=20))
-        assert {"tenant_partitions_sensor", "sync_errors_sensor"} <= {p.subject for p in stalled}
+        assert judged <= {p.subject for p in stalled}
 
         # A metric past its alert threshold, then back under it.
         extra = [psycopg.connect(postgres.url) for _ in range(45)]
