@@ -17,7 +17,9 @@ from cdp_assets.analytics.assets import (
     customer_predictions,
     dbt_tenant_models,
     dbt_tenant_scoring,
+    dbt_vars,
 )
+from cdp_assets.analytics.dbt_files import RUN_VARS_ENV
 from cdp_assets.analytics.dbt_project import dbt_resource
 from cdp_assets.analytics.prediction_refresh import (
     PREDICTIONS_TABLE,
@@ -76,12 +78,13 @@ UPDATE raw_vtex.orders SET payload = {edit}, summary = {summary}, synced_at = cl
  WHERE tenant_id = %(tenant)s AND order_id = %(order_id)s
 """
 # New orders: copies of existing ones under new ids (the old ids and a suffix), created an
-# hour ago.
+# hour ago, in the same tenant or another.
 NEW_ORDERS_SQL = (
     "CREATE TEMPORARY TABLE new_orders ON COMMIT DROP AS SELECT * FROM raw_vtex.orders"
     " WHERE tenant_id = %(tenant)s AND order_id = ANY(%(order_ids)s)",
-    "UPDATE new_orders SET order_id = order_id || %(suffix)s, creation_date = now() - interval"
-    " '1 hour', change_stamp = now(), synced_at = clock_timestamp()",
+    "UPDATE new_orders SET tenant_id = %(to_tenant)s, order_id = order_id || %(suffix)s,"
+    " creation_date = now() - interval '1 hour', change_stamp = now(),"
+    " synced_at = clock_timestamp()",
     "INSERT INTO raw_vtex.orders SELECT * FROM new_orders",
 )
 
@@ -130,9 +133,13 @@ def built(warehouse_url, instance, tmp_path_factory):
         yield
 
 
-def add_orders(conn: psycopg.Connection, order_ids: list[str], suffix: str) -> None:
+def add_orders(
+    conn: psycopg.Connection, order_ids: list[str], suffix: str, to_tenant: str = TENANT
+) -> None:
+    """Copies of the shop's orders, as new orders of the shop or of `to_tenant`."""
+    params = {"tenant": TENANT, "order_ids": order_ids, "suffix": suffix, "to_tenant": to_tenant}
     for statement in NEW_ORDERS_SQL:
-        conn.execute(statement, {"tenant": TENANT, "order_ids": order_ids, "suffix": suffix})
+        conn.execute(statement, params)
     conn.commit()
 
 
@@ -330,14 +337,26 @@ def planner_view(conn: psycopg.Connection, table: str, written: int) -> dict:
     (tenant_rows,) = conn.execute(
         f"SELECT count(*) FROM {table} WHERE tenant_id = %s", (TENANT,)
     ).fetchone()
-    return {"written": written, "share": share, "reltuples": rows, "tenant_rows": tenant_rows}
+    ((plan,),) = conn.execute(
+        f"EXPLAIN (FORMAT JSON) SELECT FROM {table} WHERE tenant_id = %s", (TENANT,)
+    ).fetchall()
+    conn.commit()
+    return {
+        "written": written,
+        "share": share,
+        "reltuples": rows,
+        "estimate": plan[0]["Plan"]["Plan Rows"],
+        "tenant_rows": tenant_rows,
+    }
 
 
-# Fails in about one whole-suite run in three, never alone: the refresh's 486 new rows are
-# inserted (the server's counters) with no ANALYZE, where the rule says analyze. Either another
-# session staged them in a run over several tenants (the rule weighs the rows written against
-# all the run's tenants), or the hook weighed a stale row count. Its failure message carries
-# the figures; until the cause is found it does not fail the suite, and it still runs.
+# Failed in about one whole-suite run in three, never alone: the refresh's 486 new rows were
+# inserted (the server's counters) with no ANALYZE, where the rule (then on the statistics'
+# row count, not the planner's estimate) said analyze by the figures after the refresh. Either
+# another session staged them in a run over every tenant (weighed as a whole), or the hook
+# weighed another row count: the staging table's VACUUM after each build rewrites reltuples,
+# and the message now gives the planner's view before the refresh too. Until the cause is
+# found it does not fail the suite, and it still runs.
 @pytest.mark.xfail(
     reason="analyze_if_stale missed in the whole suite, cause not found (see comment)",
     strict=False,
@@ -369,15 +388,62 @@ def test_a_refresh_renews_the_statistics_only_when_it_changed_much(built, conn, 
             add_orders(conn, many, "-many")
             orders = "staging.stg_vtex__orders"
             counted = counters(conn, orders)
+            planned = planner_view(conn, orders, 0)
             refresh(instance)
             after = statistics(conn)
             during = [now - then for now, then in zip(counters(conn, orders), counted, strict=True)]
-            # In the message: the refresh's inserts, deletes and ANALYZEs, by any session.
+            # In the message: the planner's view before and after, and the refresh's inserts,
+            # deletes and ANALYZEs, by any session.
             assert after[orders] > before[orders], str(
-                {**planner_view(conn, orders, len(many)), "during": during}
+                {**planner_view(conn, orders, len(many)), "before": planned, "during": during}
             )
         finally:
             conn.rollback()
             for table in ANALYZED_TABLES:
                 conn.execute(f"ALTER TABLE {table} RESET (autovacuum_enabled)")
             conn.commit()
+
+
+# Tenants of the test below: a large one the statistics know, and one new to them.
+LARGE_TENANT, NEW_TENANT = "inc_large", "inc_new"
+NEW_TENANT_ORDERS = 1_100  # over the 1,000 rows under which analyze_if_stale lets a tenant be
+
+
+def stage_orders(warehouse_url: str, tenant_ids: list[str]) -> None:
+    """The staged orders of some tenants, as a refresh of theirs builds them."""
+    with temporary_environment({RUN_VARS_ENV: dbt_vars(tenant_ids)}):
+        run_dbt(warehouse_url, "run", "--select", "stg_vtex__orders")
+
+
+def test_a_run_of_several_tenants_renews_the_statistics_when_one_outgrew_them(
+    built, conn, warehouse_url
+):
+    # One run stages a new tenant's orders beside a large tenant's: under a tenth of the rows
+    # the planner expects of the two, and a thousand times the one row it expects of the new.
+    orders = "staging.stg_vtex__orders"
+    conn.execute(f"ALTER TABLE {orders} SET (autovacuum_enabled = false)")
+    conn.commit()
+    try:
+        for tenant_id in (LARGE_TENANT, NEW_TENANT):
+            register(conn, tenant_id, SHOP.account)
+        shop_orders = [o for (o,) in conn.execute(TENANT_ORDERS_SQL, (TENANT, None))]
+        for copy in range(-(-15 * NEW_TENANT_ORDERS // len(shop_orders))):
+            add_orders(conn, shop_orders, f"-large{copy}", LARGE_TENANT)
+        stage_orders(warehouse_url, [LARGE_TENANT])
+        before = statistics(conn)[orders]
+        row = conn.execute(TENANT_KNOWN_SQL, (NEW_TENANT, *orders.split("."))).fetchone()
+        assert row and not row[0]  # the statistics do not know the new tenant yet
+
+        add_orders(conn, shop_orders[:NEW_TENANT_ORDERS], "-new", NEW_TENANT)
+        stage_orders(warehouse_url, [LARGE_TENANT, NEW_TENANT])
+        assert statistics(conn)[orders] > before
+        row = conn.execute(TENANT_KNOWN_SQL, (NEW_TENANT, *orders.split("."))).fetchone()
+        assert row and row[0]
+    finally:
+        conn.rollback()
+        tenants = [LARGE_TENANT, NEW_TENANT]
+        for table in (orders, "raw_vtex.orders"):
+            conn.execute(f"DELETE FROM {table} WHERE tenant_id = ANY(%s)", (tenants,))
+        conn.execute("DELETE FROM cdp.tenants WHERE tenant_id = ANY(%s)", (tenants,))
+        conn.execute(f"ALTER TABLE {orders} RESET (autovacuum_enabled)")
+        conn.commit()
