@@ -16,8 +16,11 @@
     order_record_id itself, so that int_orders__purchases reads the orders of the few records
     rebuilt since its last build by index, not every order. -#}
 {% macro order_record_index() -%}
-    create index if not exists {{ this.identifier }}_record_id_idx
-        on {{ this }} (tenant_id, ({{ order_record_id('user_profile_id', 'order_id') }}))
+    {{ index_once(
+        this.identifier ~ '_record_id_idx',
+        'index',
+        '(tenant_id, (' ~ order_record_id('user_profile_id', 'order_id') ~ '))',
+    ) }}
 {%- endmacro %}
 
 

@@ -26,6 +26,7 @@
 
 
 {#-
+    Pre-hook of every tenant-scoped incremental model (strategy append){#-
     Pre-hook of every tenant-scoped incremental model (strategy append): it deletes exactly
     the rows in scope, the tenants the var names or everything when it is not set, and the
     append then inserts the fresh ones. A tenant whose rows all disappear (e.g. it fell below
@@ -234,8 +235,11 @@
     once.
 -#}
 {% macro key_index(columns, unique=false) -%}
-    create {{ 'unique ' if unique }}index if not exists {{ this.identifier }}_{{ columns | join('_') }}_idx
-        on {{ this }} ({{ columns | join(', ') }})
+    {{ index_once(
+        this.identifier ~ '_' ~ columns | join('_') ~ '_idx',
+        ('unique ' if unique else '') ~ 'index',
+        '(' ~ columns | join(', ') ~ ')',
+    ) }}
     {%- if unique %};
     {#- Only where one is not yet: ALTER TABLE locks out the table's readers meanwhile. #}
     do $key$ begin
@@ -251,6 +255,22 @@
         end if;
     end $key$
     {%- endif %}
+{%- endmacro %}
+
+
+{#-
+    `create <kind> <name> on <the model's table> <columns>` unless an index of that name is
+    there. CREATE INDEX IF NOT EXISTS locks the table against writes before it looks: two
+    builds writing the table at once (two tenants' refreshes, an analyst's prod build beside
+    the platform's) each waited in it for the other's transaction to end, a deadlock. Looking
+    first takes no lock once the index exists.
+-#}
+{% macro index_once(name, kind, columns) -%}
+    do $index$ begin
+        if to_regclass(format('%I.%I', {{ sql_literal(this.schema) }}, {{ sql_literal(name) }})) is null then
+            create {{ kind }} if not exists {{ adapter.quote(name) }} on {{ this }} {{ columns }};
+        end if;
+    end $index$
 {%- endmacro %}
 
 

@@ -447,3 +447,34 @@ def test_a_run_of_several_tenants_renews_the_statistics_when_one_outgrew_them(
         conn.execute("DELETE FROM cdp.tenants WHERE tenant_id = ANY(%s)", (tenants,))
         conn.execute(f"ALTER TABLE {orders} RESET (autovacuum_enabled)")
         conn.commit()
+
+
+TENANT_TABLES_SQL = (
+    "SELECT format('%I.%I', table_schema, table_name) FROM information_schema.tables"
+    " WHERE table_schema IN ('staging', 'intermediate', 'marts') AND table_type = 'BASE TABLE'"
+)
+
+
+def test_a_tenants_build_does_not_wait_for_another_build_writing_its_tables(
+    built, conn, warehouse_url
+):
+    # Another build (another tenant's refresh, an analyst's prod build) in the middle of
+    # writing every table this build writes: its transaction holds what a write holds.
+    with psycopg.connect(warehouse_url) as writer:
+        tables = [name for (name,) in writer.execute(TENANT_TABLES_SQL)]
+        assert "marts.customers" in tables and "staging.stg_vtex__orders" in tables
+        for table in tables:
+            writer.execute(f"LOCK TABLE {table} IN ROW EXCLUSIVE MODE")
+        # Waiting for it is an error after 30 s, not a test that hangs.
+        with temporary_environment(
+            {RUN_VARS_ENV: dbt_vars([TENANT], None), "PGOPTIONS": "-c lock_timeout=30s"}
+        ):
+            run_dbt(
+                warehouse_url,
+                "run",
+                "--select",
+                "path:models/staging path:models/intermediate path:models/marts",
+                "--exclude",
+                "tag:weekly churn_risk+",
+            )
+        writer.rollback()
