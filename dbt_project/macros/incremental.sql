@@ -203,11 +203,11 @@
 {%- endmacro %}
 
 
-{#- The pre-hook (outside the transaction) of the staging tables read through landed_since_staged:
-    VACUUM of their raw table (meta raw_table), so that the anti-join can read its primary
-    key's index alone (migration 0010). The index-only scan consults the table's visibility
-    map, never its TOAST table, where the documents are: that part (5 GB of a million
-    orders) is left to autovacuum. Rendered at execution only: at parse time the model's
+{#- A post-hook (after the commit) of the staging tables read through landed_since_staged:
+    VACUUM of their raw table (meta raw_table), so that the next build's anti-join can read
+    its primary key's index alone (migration 0010), but for the pages that changed since. The
+    index-only scan consults the table's visibility map, never its TOAST table, where the
+    documents are: that part (5 GB of a million orders) is left to autovacuum. Rendered at execution only: at parse time the model's
     meta is not resolved yet. Production's builds only: the raw tables are the platform's, and
     a person's build reads them, nothing more. -#}
 {% macro vacuum_raw_table() -%}

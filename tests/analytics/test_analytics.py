@@ -900,3 +900,23 @@ def test_the_definitions_load_a_manifest_no_plain_dbt_command_writes():
     # meanwhile, and the next load parses again for that.
     assert MANIFEST_PATH.stat().st_mtime >= changed.stat().st_mtime
     assert not list((DBT_PROJECT_DIR / "target").glob("parse-*"))  # no parse folder left
+
+
+def test_no_model_runs_a_hook_outside_its_transaction_before_it():
+    # dbt ends the connection's transaction to run such a hook, and the model's statements
+    # then each commit on their own (test_incremental_analytics.py shows the effect).
+    manifest = json.loads(ensure_manifest().read_text())
+    before = {
+        node["name"]
+        for node in manifest["nodes"].values()
+        if node["resource_type"] == "model"
+        for hook in node["config"]["pre-hook"]
+        if not hook["transaction"]
+    }
+    assert before == set()
+    # Such hooks after the model, which run after its commit, are there (VACUUM needs them).
+    assert any(
+        not hook["transaction"]
+        for node in manifest["nodes"].values()
+        for hook in node["config"].get("post-hook", [])
+    )
