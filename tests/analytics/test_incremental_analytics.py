@@ -501,3 +501,48 @@ def test_a_staging_models_statements_are_one_transaction(built, conn, warehouse_
             build.result()
     ((_pid, advisory_locks),) = waiting
     assert advisory_locks >= 1
+
+
+def test_two_builds_replacing_one_view_at_once_both_succeed(built, conn, warehouse_url):
+    # The first build's swap of the view is committed, and its drop of the old view (renamed
+    # to a backup name, dropped with what depends on it) waits on a reader of a materialized
+    # view over it; the second build replaces the view meanwhile, under names of its own.
+    view = "staging.stg_vtex__products"
+    conn.execute(f"CREATE MATERIALIZED VIEW public.reads_products AS SELECT * FROM {view}")
+    conn.commit()
+    build = ["run", "--select", "stg_vtex__products"]
+    reader = psycopg.connect(warehouse_url)
+    pool = ThreadPoolExecutor(2)
+    try:
+        # A read of a materialized view locks it alone (a view's would lock the products').
+        reader.execute("SELECT FROM public.reads_products LIMIT 0")
+        first = pool.submit(run_dbt, warehouse_url, *build)
+        wait_for(
+            "the first build dropping the old view",
+            lambda: waiting_for(conn, "public.reads_products") or first.done(),
+            timeout=120,
+            every=0.2,
+        )
+        assert not first.done(), first.result()
+        second = pool.submit(run_dbt, warehouse_url, *build)
+        wait_for("the second build", second.done, timeout=60, every=0.5)
+        second.result()
+        reader.rollback()
+        first.result()
+    finally:
+        reader.close()  # before waiting for the builds: the first waits for it
+        pool.shutdown()
+        conn.rollback()
+        conn.execute("DROP MATERIALIZED VIEW IF EXISTS public.reads_products")
+        conn.commit()
+    row = conn.execute("SELECT relkind FROM pg_class WHERE oid = %s::regclass", (view,))
+    assert row.fetchone() == ("v",)
+
+
+def waiting_for(conn: psycopg.Connection, relation: str) -> bool:
+    """Whether a session waits for a lock on `relation`."""
+    (waiting,) = conn.execute(
+        "SELECT count(*) FROM pg_locks WHERE relation = %s::regclass AND NOT granted", (relation,)
+    ).fetchone()
+    conn.rollback()
+    return waiting > 0
