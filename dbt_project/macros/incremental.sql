@@ -26,7 +26,6 @@
 
 
 {#-
-    Pre-hook of every tenant-scoped incremental model (strategy append){#-
     Pre-hook of every tenant-scoped incremental model (strategy append): it deletes exactly
     the rows in scope, the tenants the var names or everything when it is not set, and the
     append then inserts the fresh ones. A tenant whose rows all disappear (e.g. it fell below
@@ -207,9 +206,9 @@
     VACUUM of their raw table (meta raw_table), so that the next build's anti-join can read
     its primary key's index alone (migration 0010), but for the pages that changed since. The
     index-only scan consults the table's visibility map, never its TOAST table, where the
-    documents are: that part (5 GB of a million orders) is left to autovacuum. Rendered at execution only: at parse time the model's
-    meta is not resolved yet. Production's builds only: the raw tables are the platform's, and
-    a person's build reads them, nothing more. -#}
+    documents are: that part (5 GB of a million orders) is left to autovacuum. Rendered at
+    execution only: at parse time the model's meta is not resolved yet. Production's builds
+    only: the raw tables are the platform's, and a person's build reads them, nothing more. -#}
 {% macro vacuum_raw_table() -%}
     {%- if execute and target.name == 'prod' -%}
         vacuum (process_toast false) {{ source('raw_vtex', config.get('meta')['raw_table']) }}
