@@ -116,8 +116,11 @@
                 analyze {{ this }};
                 return;
             end if;
+            if written < {{ stale_tenant_rows }} then
+                return;
+            end if;
             for i in 1 .. cardinality(tenant_ids) loop
-                continue when written < {{ stale_tenant_rows }} or estimates[i] * 9 >= written;
+                continue when estimates[i] * 9 >= written;
                 bound := greatest(10 * estimates[i], {{ stale_tenant_rows }});
                 execute format(
                     'select count(*) from (select from %s where tenant_id = %L limit %s) as kept',
