@@ -8,6 +8,8 @@ arguments, environment and folder as the `dbt` process would, writes the same JS
 a pipe and exits with the same code: dagster-dbt's invocation reads it as it reads the
 subprocess.
 
+Before the command, the child spares dbt two costs of every node (dbt_runtime.py).
+
 The child still does what every dbt command does before its work, more than a second of CPU:
 build the JSON schemas it validates the project against, inspect the call stack of each
 adapter option, read the saved parse. A process forking a second command first parses the
@@ -33,6 +35,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from cdp_assets.framework.dbt_parse import PARTIAL_PARSE
+from cdp_assets.framework.dbt_runtime import render_kept_lines_only, reuse_node_connections
 from cdp_assets.lib.environ import temporary_environment
 
 # The options of a dbt command that say which project it parses, and how.
@@ -166,6 +169,8 @@ def _run_dbt_cli(args: Sequence[str], env: Mapping[str, str], cwd: Path, output:
         # dbt reads its own command line from sys.argv too (the flags of the subcommand, the
         # invocation_command it logs), which is still the step process's here.
         sys.argv = ["dbt", *args]
+        render_kept_lines_only()
+        reuse_node_connections()
         from dbt.cli.main import cli
 
         cli.main(args=list(args), prog_name="dbt")  # ends in SystemExit, as the script does
