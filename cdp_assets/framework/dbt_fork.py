@@ -8,7 +8,7 @@ arguments, environment and folder as the `dbt` process would, writes the same JS
 a pipe and exits with the same code: dagster-dbt's invocation reads it as it reads the
 subprocess.
 
-Before the command, the child spares dbt two costs of every node (dbt_runtime.py).
+Before the command, the child spares dbt costs its work does not need (dbt_runtime.py).
 
 The child still does what every dbt command does before its work, more than a second of CPU:
 build the JSON schemas it validates the project against, inspect the call stack of each
@@ -35,7 +35,11 @@ from pathlib import Path
 from typing import NoReturn
 
 from cdp_assets.framework.dbt_parse import PARTIAL_PARSE
-from cdp_assets.framework.dbt_runtime import render_kept_lines_only, reuse_node_connections
+from cdp_assets.framework.dbt_runtime import (
+    name_flag_sources_cheaply,
+    render_kept_lines_only,
+    reuse_node_connections,
+)
 from cdp_assets.lib.environ import temporary_environment
 
 # The options of a dbt command that say which project it parses, and how.
@@ -171,6 +175,7 @@ def _run_dbt_cli(args: Sequence[str], env: Mapping[str, str], cwd: Path, output:
         sys.argv = ["dbt", *args]
         render_kept_lines_only()
         reuse_node_connections()
+        name_flag_sources_cheaply()
         from dbt.cli.main import cli
 
         cli.main(args=list(args), prog_name="dbt")  # ends in SystemExit, as the script does

@@ -16,7 +16,7 @@ import pytest
 
 from cdp_assets.analytics.dbt_files import DBT_EXECUTABLE, DBT_PROJECT_DIR, dbt_connection_env
 from cdp_assets.framework.dbt_fork import ForkedDbt
-from cdp_assets.framework.dbt_runtime import render_kept_lines_only
+from cdp_assets.framework.dbt_runtime import name_flag_sources_cheaply, render_kept_lines_only
 
 
 def test_a_forked_dbt_renders_only_the_lines_its_loggers_keep(
@@ -136,3 +136,30 @@ def test_a_forked_dbts_nodes_share_a_connection_each_as_new(
     assert first[1:] == ("1234kB", True, 1)
     assert second[1] != "1234kB"
     assert second[2:] == (False, 0)
+
+
+def test_a_forked_dbt_names_a_flags_source_without_inspecting_the_stack(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The module declaring an adapter's behavior flag, as dbt names it, from the frames
+    alone: `inspect.stack()` (every frame's source read) is never called."""
+    import inspect
+
+    from dbt_common import behavior_flags
+
+    flag = {"name": "some_flag", "default": False, "description": "Some behavior."}
+    declared = behavior_flags.Behavior([flag], {}).some_flag  # type: ignore[list-item]
+    name_by_dbt = declared._behavior_change_event.flag_source
+    monkeypatch.setattr(
+        behavior_flags.BehaviorFlagRendered,
+        "_default_source",
+        behavior_flags.BehaviorFlagRendered.__dict__["_default_source"],  # the staticmethod
+    )
+    name_flag_sources_cheaply()
+
+    def no_stack(context: int = 1) -> list:
+        raise AssertionError("inspect.stack() was called")
+
+    monkeypatch.setattr(inspect, "stack", no_stack)
+    declared = behavior_flags.Behavior([flag], {}).some_flag  # type: ignore[list-item]
+    assert declared._behavior_change_event.flag_source == name_by_dbt == __name__
