@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from types import FrameType
 from typing import Any
 
 
@@ -77,7 +78,7 @@ def name_flag_sources_cheaply() -> None:
     from dbt_common import behavior_flags
 
     def default_source() -> str:
-        frame = sys._getframe(1)
+        frame: FrameType | None = sys._getframe(1)
         while frame is not None:
             name = frame.f_globals.get("__name__")
             if name and name != behavior_flags.__name__:
