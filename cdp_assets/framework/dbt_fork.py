@@ -8,12 +8,14 @@ arguments, environment and folder as the `dbt` process would, writes the same JS
 a pipe and exits with the same code: dagster-dbt's invocation reads it as it reads the
 subprocess.
 
-Before the command, the child spares dbt costs its work does not need (dbt_runtime.py).
+Before the command, the child spares dbt costs its work does not need (dbt_runtime.py): the
+rendering of log lines no logger keeps, a connection per node, the call stack's inspection
+for each adapter option.
 
-The child still does what every dbt command does before its work, more than a second of CPU:
-build the JSON schemas it validates the project against, inspect the call stack of each
-adapter option, read the saved parse. A process forking a second command first parses the
-project in-process (`_warm_up`): those are then built once, and each child inherits them.
+The child still does what every dbt command does before its work, about a second of CPU:
+build the JSON schemas it validates the project against, read the saved parse. A process
+forking a second command first parses the project in-process (`_warm_up`): those are then
+built once, and each child inherits them.
 """
 
 from __future__ import annotations

@@ -60,7 +60,8 @@ def reuse_node_connections() -> None:
             connection.transaction_open = False
             handle.autocommit = True  # DISCARD ALL refuses a transaction block
             try:
-                handle.cursor().execute("DISCARD ALL")
+                with handle.cursor() as cursor:
+                    cursor.execute("DISCARD ALL")
             finally:
                 handle.autocommit = False
         except Exception:  # noqa: BLE001 (a broken connection: closed, as dbt would)

@@ -19,23 +19,12 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from cdp_assets.analytics.dbt_files import DBT_EXECUTABLE, DBT_PROJECT_DIR, dbt_connection_env
+from cdp_assets.analytics.dbt_files import DBT_EXECUTABLE, DBT_PROJECT_DIR
 from cdp_assets.framework.dbt_fork import ForkedDbt
 
 
 def dbt_command(*args: str) -> list[str]:
     return [DBT_EXECUTABLE, *args, "--profiles-dir", str(DBT_PROJECT_DIR), "--log-format", "json"]
-
-
-@pytest.fixture
-def dbt_env(warehouse_url: str, tmp_path) -> dict[str, str]:  # noqa: ANN001
-    return {
-        **os.environ,
-        **dbt_connection_env(warehouse_url),
-        "DO_NOT_TRACK": "1",
-        "DBT_TARGET_PATH": str(tmp_path / "target"),
-        "DBT_LOG_PATH": str(tmp_path / "target"),
-    }
 
 
 def events(output: bytes) -> list[dict]:

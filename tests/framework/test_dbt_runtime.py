@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import textwrap
 import uuid
 from pathlib import Path
@@ -14,7 +13,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from cdp_assets.analytics.dbt_files import DBT_EXECUTABLE, DBT_PROJECT_DIR, dbt_connection_env
+from cdp_assets.analytics.dbt_files import DBT_EXECUTABLE, DBT_PROJECT_DIR
 from cdp_assets.framework.dbt_fork import ForkedDbt
 from cdp_assets.framework.dbt_runtime import name_flag_sources_cheaply, render_kept_lines_only
 
@@ -64,7 +63,7 @@ def test_a_forked_dbt_renders_only_the_lines_its_loggers_keep(
 
 
 def test_a_forked_dbts_nodes_share_a_connection_each_as_new(
-    warehouse_url: str, tmp_path: Path
+    dbt_env: dict[str, str], warehouse_url: str, tmp_path: Path
 ) -> None:
     """One thread's nodes use one server session, and each finds it as a new connection would:
     the first node's temporary table, setting and session lock are gone for the second."""
@@ -94,13 +93,6 @@ def test_a_forked_dbts_nodes_share_a_connection_each_as_new(
         + session
     )
     (project / "models" / "second.sql").write_text("-- depends_on: {{ ref('first') }}\n" + session)
-    env = {
-        **os.environ,
-        **dbt_connection_env(warehouse_url),
-        "DO_NOT_TRACK": "1",
-        "DBT_TARGET_PATH": str(tmp_path / "target"),
-        "DBT_LOG_PATH": str(tmp_path / "target"),
-    }
     command = [
         DBT_EXECUTABLE,
         "run",
@@ -119,7 +111,7 @@ def test_a_forked_dbts_nodes_share_a_connection_each_as_new(
     (project / "macros" / "schema.sql").write_text(
         "{% macro generate_schema_name(custom, node) %}" + schema + "{% endmacro %}"
     )
-    forked = ForkedDbt(command, env, project)
+    forked = ForkedDbt(command, dbt_env, project)
     with forked.stdout:
         output = forked.stdout.read().decode()
     assert forked.wait() == 0, output[-3000:]
