@@ -111,7 +111,7 @@ def migrate() -> None:
 @main.command()
 def pools() -> None:
     """Create the platform's pools on the Dagster instance of DAGSTER_HOME (default
-    $CDP_HOME/dagster), with their limits (dbt two at a time, the API pools at the instance's
+    $CDP_HOME/dagster), with their limits (dbt one at a time, the API pools at the instance's
     default unless an operator set theirs). Safe to repeat."""
     from cdp_assets.lib.dagster_home import DEFAULT_LIMIT_POOLS, POOL_LIMITS, apply_pool_limits
     from cdp_assets.ops.status import platform_instance

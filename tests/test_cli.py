@@ -125,7 +125,6 @@ def test_pools_creates_every_pool_and_setting_them_again_changes_nothing(
     import dagster as dg
 
     from cdp_assets.lib.dagster_home import (
-        DBT_RUNS_AT_ONCE,
         DEFAULT_LIMIT_POOLS,
         VTEX_API_POOL,
         prepare_dagster_home,
@@ -140,7 +139,7 @@ def test_pools_creates_every_pool_and_setting_them_again_changes_nothing(
             for attempt in range(2):
                 result = CliRunner().invoke(main, ["pools"])
                 assert result.exit_code == 0, (attempt, result.output)
-                assert f"pool dbt: {DBT_RUNS_AT_ONCE} at once" in result.output
+                assert "pool dbt: 1 at once" in result.output
                 for pool in DEFAULT_LIMIT_POOLS:
                     assert storage.get_concurrency_info(pool).slot_count == 4, pool
                     assert f"pool {pool}: 4 at once" in result.output

@@ -5,14 +5,12 @@ activation/sensors.py). Bursts coalesce: a tenant's queued refresh absorbs new l
 running one is followed by one more."""
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import dagster as dg
-import psycopg
 
-from cdp_assets.lib.dagster_home import DBT_RUNS_AT_ONCE
-from cdp_assets.tenants.runs import block_request, cut_to_balance, tenant_blocks
+from cdp_assets.tenants.runs import block_request, tenant_blocks
 from cdp_assets.vtex.assets import TENANTS_LANDED, vtex_orders_feed
 
 # Feed materializations read per query; a tick reads them all.
@@ -78,27 +76,8 @@ def due_tenants(
 
 
 def changes_requests(
-    due: set[str],
-    tenant_rows: Sequence,
-    partition_order: Sequence[str],
-    run_key: str,
-    customers: Mapping[str, int] | None = None,
+    due: set[str], tenant_rows: Sequence, partition_order: Sequence[str], run_key: str
 ) -> list[dg.RunRequest]:
-    """One refresh per block of neighbouring due tenants (active, with a partition); given the
-    tenants' `customers` (`customers_per_tenant`), the largest blocks cut where their halves
-    hold about as many customers, until as many dbt runs as may run at once have work."""
+    """One refresh per block of neighbouring due tenants (active, with a partition)."""
     concerned = [tenant for tenant in tenant_rows if tenant.tenant_id in due]
-    blocks = tenant_blocks(partition_order, concerned)
-    if customers is not None:
-        blocks = cut_to_balance(blocks, customers, DBT_RUNS_AT_ONCE)
-    return [block_request(block, run_key) for block in blocks]
-
-
-def customers_per_tenant(conn: psycopg.Connection) -> dict[str, int]:
-    """Each tenant's customers (`marts.customers`, read by its key's index), what a refresh's
-    time follows; none before the first build."""
-    row = conn.execute("SELECT to_regclass('marts.customers') IS NOT NULL").fetchone()
-    if not (row and row[0]):
-        return {}
-    rows = conn.execute("SELECT tenant_id, count(*) FROM marts.customers GROUP BY tenant_id")
-    return dict(rows.fetchall())
+    return [block_request(block, run_key) for block in tenant_blocks(partition_order, concerned)]

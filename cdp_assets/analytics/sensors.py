@@ -7,7 +7,6 @@ import dagster as dg
 from cdp_assets.analytics.feed_changes import (
     FeedChanges,
     changes_requests,
-    customers_per_tenant,
     due_tenants,
     read_landings,
 )
@@ -35,9 +34,7 @@ analytics_automation_sensor = dg.AutomationConditionSensorDefinition(
     minimum_interval_seconds=30,
     default_status=dg.DefaultSensorStatus.RUNNING,
     description="Every 30 seconds, after orders feed drains that landed orders: one refresh of"
-    " analytics and audiences per block of neighbouring tenants concerned, a block cut in two"
-    " where its halves hold about as many customers while fewer runs than dbt may run at once"
-    " would have work. A tenant with a"
+    " analytics and audiences per block of neighbouring tenants concerned. A tenant with a"
     " refresh queued waits for it (it reads the new orders when it starts), one with a refresh"
     " running gets the next when it ends: a burst of events is one refresh per tenant.",
 )
@@ -49,10 +46,7 @@ def feed_changes_sensor(
     tenant_rows, order = tenants_with_partitions(context, warehouse)
     queued, started = tenants_in_flight(context.instance, CHANGES_JOB, order)
     due, waiting = due_tenants(changes.pending, queued, started)
-    with warehouse.connect() as conn:
-        customers = customers_per_tenant(conn) if due else {}
-    run_key = f"landed-{changes.after_storage_id}"
-    requests = changes_requests(due, tenant_rows, order, run_key, customers)
+    requests = changes_requests(due, tenant_rows, order, f"landed-{changes.after_storage_id}")
     changes.pending = waiting
     skip = None if requests else f"no landed orders await a refresh ({len(waiting)} running)"
     return dg.SensorResult(

@@ -9,7 +9,7 @@ stream hold the last tenants' runs in the queue: a refresh waited 18 minutes."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import dagster as dg
@@ -54,29 +54,6 @@ def tenant_blocks(
             current = []
     blocks += [current] if current else []
     return sorted(blocks, key=lambda block: min(tenant.priority for tenant in block))
-
-
-def cut_to_balance(
-    blocks: list[list[Tenant]], weights: Mapping[str, float], runs: int
-) -> list[list[Tenant]]:
-    """`blocks`, the heaviest cut in two until there are `runs` of them (or no block holds two
-    tenants): each where its halves weigh most nearly the same (`weights` per tenant; one
-    without weighs 1), both halves in its place, so that that many runs at once finish
-    together."""
-    blocks = list(blocks)
-
-    def weight(tenants: Sequence[Tenant]) -> float:
-        return sum(weights.get(tenant.tenant_id, 1) for tenant in tenants)
-
-    while len(blocks) < runs:
-        cuttable = [i for i, block in enumerate(blocks) if len(block) > 1]
-        if not cuttable:
-            break
-        i = max(cuttable, key=lambda i: weight(blocks[i]))
-        block, total = blocks[i], weight(blocks[i])
-        at = min(range(1, len(block)), key=lambda at: abs(total - 2 * weight(block[:at])))
-        blocks[i : i + 1] = [block[:at], block[at:]]
-    return blocks
 
 
 def spanning_blocks(

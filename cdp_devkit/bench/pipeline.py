@@ -23,7 +23,7 @@ from cdp_assets.activation.push_requests import change_requests, changed_audienc
 from cdp_assets.activation.vtex_masterdata.assets import vtex_masterdata_fields
 from cdp_assets.activation.vtex_masterdata.writeback import AUDIENCE as MASTERDATA_AUDIENCE
 from cdp_assets.activation.vtex_masterdata.writeback import DEFAULT_FIELDS, DEFAULT_UPDATED_AT_FIELD
-from cdp_assets.analytics.feed_changes import changes_requests, customers_per_tenant
+from cdp_assets.analytics.feed_changes import changes_requests
 from cdp_assets.analytics.jobs import ANALYTICS_JOB, AUDIENCES_JOB, CHANGES_JOB, CHURN_HOLDOUT_JOB
 from cdp_assets.partitions import (
     RANGE_END_TAG,
@@ -767,7 +767,7 @@ def _changes_refreshes(
 ) -> list[RunRequest]:
     """What `feed_changes_sensor` requests once the drains landed orders: one refresh of the
     analytics and audiences per block of the tenants whose orders landed since `since` (every
-    tenant here, with changed orders in each store), cut as the sensor cuts it."""
+    tenant here, with changed orders in each store)."""
     with bench.connect() as conn:
         landed = {
             tenant_id
@@ -775,12 +775,10 @@ def _changes_refreshes(
                 "SELECT DISTINCT tenant_id FROM raw_vtex.orders WHERE synced_at >= %s", (since,)
             )
         }
-        customers = customers_per_tenant(conn)
     order = bench.instance.get_dynamic_partitions(tenants.name)
-    run_key = f"landed-{since:%H%M%S}"
     return [
         _as_run(CHANGES_JOB, request)
-        for request in changes_requests(landed, tenant_rows, order, run_key, customers)
+        for request in changes_requests(landed, tenant_rows, order, f"landed-{since:%H%M%S}")
     ]
 
 

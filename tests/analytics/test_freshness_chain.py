@@ -250,9 +250,8 @@ def test_a_burst_of_events_is_one_refresh_per_tenant(chain, instance):
         drained(instance, "chain_b", 2)
     drained(instance, "chain_b", 0)
     requests, cursor = tick(feed_changes_sensor, instance, cursor)
-    # One refresh per tenant for all its drains; the neighbours' block cut in two, as two dbt
-    # runs may run at once.
-    assert sorted(requested_tenants(requests, order), key=min) == [{"chain_a"}, {"chain_b"}]
+    # Neighbours: one run for both tenants, one for all their drains.
+    assert requested_tenants(requests, order) == [{"chain_a", "chain_b"}]
     assert tick(feed_changes_sensor, instance, cursor)[0] == []  # handled
 
     # A queued refresh absorbs new landings: it reads them when it starts.
@@ -399,23 +398,6 @@ def test_the_queue_is_first_come_first_served_and_a_tick_requests_the_urgent_fir
     assert [r.partition_key for r in requests] == ["c", None]
     assert (requests[1].tags[RANGE_START_TAG], requests[1].tags[RANGE_END_TAG]) == ("a", "b")
     assert not any("dagster/priority" in r.tags for r in requests)
-
-
-def test_the_chains_refresh_of_many_tenants_is_two_runs_of_about_as_many_customers():
-    rows = [Tenant(t, t, "K", "T") for t in "abcdef"]
-    order = list("abcdef")
-    customers = {"a": 100, "b": 10, "c": 10, "d": 10, "e": 10, "f": 60}
-    requests = changes_requests(set(order), rows, order, "landed-1", customers)
-    assert [covered(r, order) for r in requests] == [{"a"}, set("bcdef")]
-    # A tenant no build has counted yet weighs one customer.
-    requests = changes_requests(set(order), rows, order, "landed-1", {"f": 1000})
-    assert [covered(r, order) for r in requests] == [set("abcde"), {"f"}]
-    # Two blocks already, or a single tenant: nothing to cut.
-    assert len(changes_requests({"a", "c"}, rows, order, "landed-1", customers)) == 2
-    assert len(changes_requests({"a", "b", "d"}, rows, ["a", "b", "x", "d"], "k", customers)) == 2
-    assert len(changes_requests({"a"}, rows, order, "landed-1", customers)) == 1
-    # Without the customers (a caller that does not count them): one run per block.
-    assert len(changes_requests(set(order), rows, order, "landed-1")) == 1
 
 
 def test_the_benchmark_reports_each_jobs_runs_and_their_wait_in_the_queue():

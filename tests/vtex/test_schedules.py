@@ -275,9 +275,9 @@ def test_the_daily_refresh_leaves_the_churn_holdout_to_its_weekly_job():
     assert set(daily) <= set(daily_job)
 
 
-def test_dbt_runs_two_at_a_time(instance):
+def test_dbt_runs_one_at_a_time(instance):
     apply_pool_limits(instance)
-    assert instance.event_log_storage.get_concurrency_info("dbt").slot_count == 2
+    assert instance.event_log_storage.get_concurrency_info("dbt").slot_count == 1
 
 
 def test_a_tick_of_the_orders_schedule_creates_one_run_per_block_in_few_statements(
