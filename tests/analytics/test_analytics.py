@@ -571,6 +571,72 @@ def test_a_customer_key_in_two_tenants_fails_the_build(analytics, conn, warehous
     )
 
 
+AUDIENCE = "audience_rfm_champions"
+
+
+def test_one_test_per_audience_finds_each_kind_of_bad_member(analytics, conn, warehouse_url):
+    """Each audience has one test node (tests/generic/audience_members.sql) for its members'
+    keys and identifiers, their uniqueness and their tenant; here a member moved to another
+    tenant, one without a country and a repeated member are each found."""
+    checks: dict[str, list[str]] = {}
+    for evaluation in analytics["audiences"].get_asset_check_evaluations():
+        assert evaluation.passed, evaluation.check_name
+        checks.setdefault(evaluation.asset_key.path[-1], []).append(evaluation.check_name)
+    members_checks = {
+        audience: [name for name in names if name.startswith("audience_members")]
+        for audience, names in checks.items()
+        if audience != "audience_catalog"
+    }
+    assert len(members_checks) == 16
+    assert all(len(names) == 1 for names in members_checks.values()), members_checks
+    # The keys' own tests are gone: no node left for unique, not_null or relationships.
+    leftovers = [n for names in checks.values() for n in names if n.startswith("relationships")]
+    assert leftovers == []
+
+    audience = f"audiences.{AUDIENCE}"
+    moved, uncountried, repeated = (
+        key
+        for (key,) in conn.execute(
+            f"SELECT customer_key FROM {audience} WHERE tenant_id = 'an_big'"
+            " ORDER BY customer_key LIMIT 3"
+        )
+    )
+    conn.execute(
+        f"CREATE TEMP TABLE saved_members AS SELECT * FROM {audience} WHERE tenant_id = 'an_big'"
+    )
+    conn.execute(f"UPDATE {audience} SET tenant_id = 'an_tiny' WHERE customer_key = %s", (moved,))
+    conn.execute(f"UPDATE {audience} SET country = NULL WHERE customer_key = %s", (uncountried,))
+    # The table's unique index lets a key with a NULL repeat: twice a member without a tenant.
+    tenantless = "SELECT * FROM saved_members WHERE customer_key = %s"
+    conn.execute(f"CREATE TEMP TABLE tenantless_members AS {tenantless}", (repeated,))
+    conn.execute("UPDATE tenantless_members SET tenant_id = NULL")
+    for _ in range(2):
+        conn.execute(f"INSERT INTO {audience} SELECT * FROM tenantless_members")
+    conn.commit()
+    try:
+        failed = run_dbt(
+            warehouse_url, "test", "--select", f"{AUDIENCE},test_type:data", succeeds=False
+        )
+    finally:
+        conn.execute(
+            f"DELETE FROM {audience} WHERE tenant_id IS NULL OR customer_key = ANY(%s)",
+            ([moved, uncountried],),
+        )
+        conn.execute(
+            f"INSERT INTO {audience} SELECT * FROM saved_members WHERE customer_key = ANY(%s)",
+            ([moved, uncountried],),
+        )
+        conn.execute("DROP TABLE saved_members, tenantless_members")
+        conn.commit()
+    (failure,) = re.findall(rf"FAIL (\d+) (audience_members_{AUDIENCE}\S*)", failed)
+    # Moved: not the tenant's customer (1). No country: a required column (1). The repeated
+    # member without a tenant: a required column (2), more than once (1), not the tenant's (2).
+    assert int(failure[0]) == 7, failed
+    assert f"PASS {failure[1]}" in run_dbt(
+        warehouse_url, "test", "--select", f"{AUDIENCE},test_type:data"
+    )
+
+
 def test_a_tenants_run_tests_only_that_tenants_rows(
     analytics, conn, instance, warehouse_url, monkeypatch
 ):
