@@ -72,7 +72,7 @@ def test_every_asset_points_at_its_code():
 def test_every_check_says_what_it_checks():
     graph = defs.resolve_asset_graph()
     specs = [spec for assets_def in graph.assets_defs for spec in assets_def.check_specs]
-    assert len(specs) >= 100
+    assert len(specs) >= 90  # dbt tests (one per audience) and the Python checks
     assert [s.key.to_user_string() for s in specs if not (s.description or "").strip()] == []
     by_key = {spec.key.to_user_string(): spec.description for spec in specs}
     # A generic dbt test: what it asserts of which column of which model.
