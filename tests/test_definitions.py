@@ -72,11 +72,19 @@ def test_every_asset_points_at_its_code():
 def test_every_check_says_what_it_checks():
     graph = defs.resolve_asset_graph()
     specs = [spec for assets_def in graph.assets_defs for spec in assets_def.check_specs]
-    assert len(specs) >= 90  # dbt tests (one per audience) and the Python checks
+    assert len(specs) >= 45  # dbt tests (mostly one per model) and the Python checks
     assert [s.key.to_user_string() for s in specs if not (s.description or "").strip()] == []
     by_key = {spec.key.to_user_string(): spec.description for spec in specs}
     # A generic dbt test: what it asserts of which column of which model.
     not_null = by_key["stg_vtex__orders:not_null_stg_vtex__orders_order_total"]
     assert "not_null" in not_null and "order_total" in not_null and "stg_vtex__orders" in not_null
+    # One test of a table's rows: its key, the columns never NULL, each rule quoted whole.
+    assert by_key["rfm_segments:keyed_rows_rfm_segments"].startswith(
+        "`keyed_rows` of `rfm_segments` (key tenant_id, customer_key; not_null recency_days,"
+    )
+    assert (
+        "rules `fm_score = (f_score + m_score) / 2`, `r_score between"
+        in (by_key["rfm_segments:keyed_rows_rfm_segments"])
+    )
     # A singular dbt test: the description of its properties file.
     assert "raw" in by_key["stg_vtex__orders:assert_staged_orders_match_raw"]

@@ -81,17 +81,24 @@ WEEKLY_TAG = "weekly"
 
 def generic_test_description(test: Mapping[str, Any], tested: str) -> str:
     """What a generic dbt test asserts, from its name and arguments: "`not_null` of column
-    `order_total` of `stg_vtex__orders`"."""
+    `order_total` of `stg_vtex__orders`", "`keyed_rows` of `customers` (key customer_key;
+    rules `purchases >= 1`)"."""
     metadata = test["test_metadata"]
     arguments = dict(metadata["kwargs"])
     arguments.pop("model", None)  # `{{ get_where_subquery(ref(...)) }}`: the tested model
     column = arguments.pop("column_name", None)
     subject = f"column `{column}` of `{tested}`" if column else f"`{tested}`"
-    details = ", ".join(
-        f"{name} {', '.join(map(str, value)) if isinstance(value, list) else value}"
+    details = "; ".join(
+        f"{name} {', '.join(map(_argument_item, value)) if isinstance(value, list) else value}"
         for name, value in arguments.items()
     )
     return f"`{metadata['name']}` of {subject}" + (f" ({details})" if details else "")
+
+
+def _argument_item(item: Any) -> str:
+    # A column name as it is; an expression (a rule) quoted, its own commas and all.
+    text = " ".join(str(item).split())
+    return text if text.isidentifier() else f"`{text}`"
 
 
 class CdpDbtTranslator(DagsterDbtTranslator):

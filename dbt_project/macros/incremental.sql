@@ -233,7 +233,7 @@
     every incremental run (dbt's `indexes` config builds one only with a new table, under a new
     name each time). `unique`: the columns are the table's key, unique and never NULL (a
     write that would repeat one or leave one NULL fails), so the model's uniqueness test of
-    them needs no scan (unique_combination_of_columns). Setting NOT NULL scans the table,
+    them needs no scan (tests/generic/keyed_rows.sql). Setting NOT NULL scans the table,
     once.
 -#}
 {% macro key_index(columns, unique=false) -%}

@@ -475,15 +475,15 @@ def test_customers_keep_one_index_by_tenant_and_key_through_refreshes(analytics,
 
 
 KEYED_TABLE = "intermediate.int_orders__purchases"
-KEY_TEST = "unique_combination_of_columns_int_orders__purchases_tenant_id__order_id"
+KEY_TEST = "keyed_rows_int_orders__purchases"
 
 
 def test_a_keyed_tables_uniqueness_test_reads_nothing_while_its_key_holds(
     analytics, conn, warehouse_url, tmp_path
 ):
     """The purchases keep (tenant_id, order_id) as their key: a unique index, both columns NOT
-    NULL. The uniqueness test then reads nothing; without the NOT NULL, a unique index lets
-    repeated NULL keys through, and the test scans and finds them."""
+    NULL. Their test then does not group the rows; without the NOT NULL, a unique index lets
+    repeated NULL keys through, and the test groups the rows and finds them."""
     not_null = conn.execute(
         "SELECT array_agg(attname::text ORDER BY attname) FROM pg_attribute"
         " WHERE attrelid = %s::regclass AND attnotnull AND attname IN ('tenant_id', 'order_id')",
@@ -510,7 +510,8 @@ def test_a_keyed_tables_uniqueness_test_reads_nothing_while_its_key_holds(
         conn.execute(f"DELETE FROM {KEYED_TABLE} WHERE order_id IS NULL")
         conn.execute(f"ALTER TABLE {KEYED_TABLE} ALTER COLUMN order_id SET NOT NULL")
         conn.commit()
-    assert f"FAIL 1 {KEY_TEST}" in failed
+    # Each of the two rows lacks its order_id, order_date and is_purchase (6); the key twice (1).
+    assert f"FAIL 7 {KEY_TEST}" in failed
     assert "group by" in compiled.read_text()
 
 
@@ -527,12 +528,9 @@ KEYED_MODELS = {
 
 
 def test_every_keyed_tables_uniqueness_test_reads_nothing(analytics, warehouse_url, tmp_path):
-    """Their uniqueness tests pass without reading the tables (a scan of each cost a daily
-    refresh half a second on its critical path at seed scale)."""
-    names = [
-        f"unique_combination_of_columns_{model}_{'__'.join(key)}"
-        for model, key in KEYED_MODELS.items()
-    ]
+    """Their tests pass without grouping the tables by their keys (a scan of each cost a
+    daily refresh half a second on its critical path at seed scale)."""
+    names = [f"keyed_rows_{model}" for model in KEYED_MODELS]
     output = run_dbt(warehouse_url, "test", "--select", *names, "--target-path", str(tmp_path))
     for name in names:
         assert f"PASS {name}" in output
@@ -575,30 +573,23 @@ AUDIENCE = "audience_rfm_champions"
 
 
 def test_one_test_per_audience_finds_each_kind_of_bad_member(analytics, conn, warehouse_url):
-    """Each audience has one test node (tests/generic/audience_members.sql) for its members'
-    keys and identifiers, their uniqueness and their tenant; here a member moved to another
-    tenant, one without a country and a repeated member are each found."""
+    """Each audience has one test node (tests/generic/keyed_rows.sql) for its members' keys
+    and identifiers, their uniqueness, their tenant and what else the audience promises; here a
+    member moved to another tenant, one without a country and a repeated member are each
+    found."""
     checks: dict[str, list[str]] = {}
     for evaluation in analytics["audiences"].get_asset_check_evaluations():
         assert evaluation.passed, evaluation.check_name
         checks.setdefault(evaluation.asset_key.path[-1], []).append(evaluation.check_name)
     members_checks = {
-        audience: [name for name in names if name.startswith("audience_members")]
+        audience: [name for name in names if name.startswith("keyed_rows")]
         for audience, names in checks.items()
         if audience != "audience_catalog"
     }
     assert len(members_checks) == 16
     assert all(len(names) == 1 for names in members_checks.values()), members_checks
-    # The keys' own tests are gone: no node left for unique, not_null or relationships.
-    replaced = ("unique", "not_null", "relationships")
-    leftovers = [
-        name
-        for audience, names in checks.items()
-        if audience != "audience_catalog"
-        for name in names
-        if name.startswith(replaced)
-    ]
-    assert leftovers == []
+    # No other test node on any audience.
+    assert sum(len(names) for names in checks.values()) == len(members_checks) + 1
 
     audience = f"audiences.{AUDIENCE}"
     moved, uncountried, repeated = (
@@ -635,7 +626,7 @@ def test_one_test_per_audience_finds_each_kind_of_bad_member(analytics, conn, wa
         )
         conn.execute("DROP TABLE saved_members, tenantless_members")
         conn.commit()
-    (failure,) = re.findall(rf"FAIL (\d+) (audience_members_{AUDIENCE}\S*)", failed)
+    (failure,) = re.findall(rf"FAIL (\d+) (keyed_rows_{AUDIENCE}\S*)", failed)
     # Moved: not the tenant's customer (1). No country: a required column (1). The repeated
     # member without a tenant: a required column (2), more than once (1), not the tenant's (2).
     assert int(failure[0]) == 7, failed
@@ -645,11 +636,11 @@ def test_one_test_per_audience_finds_each_kind_of_bad_member(analytics, conn, wa
 
 
 def test_a_tenants_run_tests_only_that_tenants_rows(
-    analytics, conn, instance, warehouse_url, monkeypatch
+    analytics, conn, instance, warehouse_url, monkeypatch, tmp_path
 ):
     """One tenant's bad rows (a segment outside the table, a score missing) fail neither
     another tenant's run nor that run's checks: the dbt tests of a tenant's run read that
-    tenant's rows. The same tests over the bad tenant find both."""
+    tenant's rows. The same test over the bad tenant finds both, each row with its problem."""
     (first, segment, _), (second, _, frequency) = conn.execute(
         "SELECT customer_key, segment, frequency FROM marts.rfm_segments"
         " WHERE tenant_id = 'an_big' ORDER BY customer_key LIMIT 2"
@@ -663,8 +654,11 @@ def test_a_tenants_run_tests_only_that_tenants_rows(
         # The tenant as Dagster's runs pass it: `--vars` would leave the project's kept
         # parse (which the next runs reuse) parsed with other vars.
         monkeypatch.setenv(RUN_VARS_ENV, dbt_vars(["an_big"]))
-        failed = run_dbt(
-            warehouse_url, "test", "--select", "rfm_segments,test_type:data", succeeds=False
+        test = ("test", "--select", "keyed_rows_rfm_segments", "--target-path", str(tmp_path))
+        failed = run_dbt(warehouse_url, *test, succeeds=False)
+        (compiled,) = (tmp_path / "compiled").rglob("*.sql")
+        problems = dict(
+            (key, problem) for *_, key, problem in conn.execute(compiled.read_text()).fetchall()
         )
     finally:
         conn.execute(corrupt.format("segment"), (segment, first))
@@ -675,15 +669,14 @@ def test_a_tenants_run_tests_only_that_tenants_rows(
         for evaluation in result.get_asset_check_evaluations()
         if evaluation.asset_key == dg.AssetKey("rfm_segments")
     ]
-    for kind in ("accepted_values", "not_null_columns"):
-        assert any(check.check_name.startswith(kind) for check in checks)
+    assert [check.check_name for check in checks] == ["keyed_rows_rfm_segments"]
     assert all(check.passed for check in checks)
     # Recorded for the tenant's partition: the UI shows them as an_tiny's, whatever another
     # tenant's run recorded before or after.
     assert {check.partition for check in result.get_asset_check_evaluations()} == {"an_tiny"}
-    failures = re.findall(r"FAIL 1 (\S+)", failed)
-    assert any(name.startswith("accepted_values_rfm_segments_segment") for name in failures)
-    assert any(name.startswith("not_null_columns_rfm_segments") for name in failures)
+    assert "FAIL 2 keyed_rows_rfm_segments" in failed
+    assert problems[first].startswith("not true: segment in ('Champions'")
+    assert problems[second] == "frequency is null"
 
 
 def test_a_refresh_reuses_the_last_parse_of_the_project(analytics, instance):

@@ -41,7 +41,7 @@ bands as (
 -- Reading the population from `customers` also makes it a parent of this model: with
 -- indirect_selection buildable (dbt_project.yml), a selection of everything but churn_risk
 -- (the per-tenant Dagster asset that runs before the predictions) then leaves out
--- churn_risk's relationships test too, instead of testing a churn_risk not rebuilt yet.
+-- churn_risk's keyed_rows test too, instead of testing a churn_risk not rebuilt yet.
 select bands.*
 from bands
 inner join customers
