@@ -79,12 +79,10 @@ def test_every_check_says_what_it_checks():
     not_null = by_key["stg_vtex__orders:not_null_stg_vtex__orders_order_total"]
     assert "not_null" in not_null and "order_total" in not_null and "stg_vtex__orders" in not_null
     # One test of a table's rows: its key, the columns never NULL, each rule quoted whole.
-    assert by_key["rfm_segments:keyed_rows_rfm_segments"].startswith(
+    rows = by_key["rfm_segments:keyed_rows_rfm_segments"]
+    assert rows.startswith(
         "`keyed_rows` of `rfm_segments` (key tenant_id, customer_key; not_null recency_days,"
     )
-    assert (
-        "rules `fm_score = (f_score + m_score) / 2`, `r_score between"
-        in (by_key["rfm_segments:keyed_rows_rfm_segments"])
-    )
+    assert "rules `fm_score = (f_score + m_score) / 2`, `r_score between" in rows
     # A singular dbt test: the description of its properties file.
     assert "raw" in by_key["stg_vtex__orders:assert_staged_orders_match_raw"]

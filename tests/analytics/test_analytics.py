@@ -588,7 +588,8 @@ def test_one_test_per_audience_finds_each_kind_of_bad_member(analytics, conn, wa
     }
     assert len(members_checks) == 16
     assert all(len(names) == 1 for names in members_checks.values()), members_checks
-    # No other test node on any audience.
+    # No other test node on any audience; the catalog's own is its keyed_rows.
+    assert checks["audience_catalog"] == ["keyed_rows_audience_catalog"]
     assert sum(len(names) for names in checks.values()) == len(members_checks) + 1
 
     audience = f"audiences.{AUDIENCE}"
@@ -657,9 +658,8 @@ def test_a_tenants_run_tests_only_that_tenants_rows(
         test = ("test", "--select", "keyed_rows_rfm_segments", "--target-path", str(tmp_path))
         failed = run_dbt(warehouse_url, *test, succeeds=False)
         (compiled,) = (tmp_path / "compiled").rglob("*.sql")
-        problems = dict(
-            (key, problem) for *_, key, problem in conn.execute(compiled.read_text()).fetchall()
-        )
+        failing_rows = conn.execute(compiled.read_text()).fetchall()
+        problems = {key: problem for _tenant, key, problem in failing_rows}
     finally:
         conn.execute(corrupt.format("segment"), (segment, first))
         conn.execute(corrupt.format("frequency"), (frequency, second))

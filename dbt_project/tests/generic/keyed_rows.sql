@@ -14,15 +14,13 @@
 -#}
 {% test keyed_rows(model, key, not_null=[], rules=[], customers=none) %}
 {%- set required = key + (not_null | reject('in', key) | list) -%}
-{%- set conditions = [] -%}
-{%- set problems = [] -%}
+{#- Each check as (a condition true on a failing row, the problem it names). -#}
+{%- set checks = [] -%}
 {%- for column in required -%}
-    {%- do conditions.append(column ~ ' is null') -%}
-    {%- do problems.append(column ~ ' is null') -%}
+    {%- do checks.append((column ~ ' is null', column ~ ' is null')) -%}
 {%- endfor -%}
 {%- for rule in rules -%}
-    {%- do conditions.append('not coalesce(' ~ rule ~ ', false)') -%}
-    {%- do problems.append('not true: ' ~ rule | trim) -%}
+    {%- do checks.append(('not coalesce(' ~ rule ~ ', false)', 'not true: ' ~ rule | trim)) -%}
 {%- endfor -%}
 {%- set key_columns = key | join(', ') %}
 -- Read once per part below, each on its own plan (materialized, it would be copied first).
@@ -34,12 +32,12 @@ rows_with_problems as (
     select
         {{ key_columns }},
         unnest(array[
-            {%- for condition in conditions %}
-            case when {{ condition }} then {{ sql_literal(problems[loop.index0]) }} end{{ ',' if not loop.last }}
+            {%- for condition, problem in checks %}
+            case when {{ condition }} then {{ sql_literal(problem) }} end{{ ',' if not loop.last }}
             {%- endfor %}
         ]) as problem
     from tested_rows
-    where {{ conditions | join('\n        or ') }}
+    where {{ checks | map('first') | join('\n        or ') }}
 )
 
 select {{ key_columns }}, problem
